@@ -1,0 +1,3 @@
+"""mmwire.bench: the benchmark harness (``mmwire-bench``)."""
+
+__all__: list[str] = []

@@ -1,0 +1,31 @@
+"""Shared fixtures: distinct-size pixel arrays and the sample photos."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+DATA = Path(__file__).resolve().parent.parent / "bench" / "data"
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    seed = np.random.SeedSequence().entropy
+    print(f"rng seed {seed}")  # printed so a failure can be replayed
+    return np.random.default_rng(seed)
+
+
+@pytest.fixture
+def distinct_images(rng: np.random.Generator) -> list[np.ndarray[Any, Any]]:
+    """Three uint8 RGB images of distinct, odd sizes (identical sizes hide index bugs)."""
+    return [rng.integers(0, 256, size=s, dtype=np.uint8) for s in ((37, 53, 3), (61, 29, 3), (45, 45, 3))]
+
+
+def photo_path(name: str) -> Path:
+    return DATA / name

@@ -1,0 +1,65 @@
+"""Builders shared by the tests: real envelopes over real payloads."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from mmwire.transport import (
+    SCHEMA_VERSION,
+    CpuRef,
+    FeatureEnvelope,
+    GlobalIndex,
+    Grid,
+    InlineRef,
+    PreprocessSpec,
+    ResizePlan,
+    TensorSpec,
+)
+
+
+def raw_spec(width: int, height: int) -> PreprocessSpec:
+    """A preprocess spec for an unresized image of ``width x height`` (p=14, m=2)."""
+    f = 28
+    pw, ph = (f - width % f) % f, (f - height % f) % f
+    grid = Grid((1, (height + ph) // 14, (width + pw) // 14))
+    plan = ResizePlan(
+        width=width, height=height, new_width=width, new_height=height,
+        pad_width=pw, pad_height=ph, grid=grid, tokens=grid.tokens(),
+    )
+    return PreprocessSpec(plan=plan)
+
+
+def raw_envelope(
+    index: int, pixels: np.ndarray[Any, Any], *, frame: int | None = None,
+    payload: Any = None, consumers: tuple[int, ...] = (0,), request_id: str = "req-0",
+) -> FeatureEnvelope:
+    """An envelope for raw uint8 ``(H, W, C)`` pixels, inline by default."""
+    h, w, _ = pixels.shape
+    spec = raw_spec(w, h)
+    ref = payload if payload is not None else InlineRef(frame=index if frame is None else frame)
+    return FeatureEnvelope(
+        version=SCHEMA_VERSION, request_id=request_id, index=GlobalIndex(index),
+        modality="image", kind="raw", grid=spec.plan.grid,
+        tensor=TensorSpec(dtype="uint8", shape=pixels.shape, nbytes=pixels.nbytes),
+        payload=ref, consumers=consumers, preprocess=spec,
+    )
+
+
+def processed_envelope(index: int, grid: tuple[int, ...], frame: int) -> FeatureEnvelope:
+    """An envelope for a processed fp32 ``(patches, 3, 14, 14)`` tensor, inline."""
+    g = Grid(grid)
+    shape = (g.patches, 3, 14, 14)
+    nbytes = int(np.prod(shape)) * 4
+    return FeatureEnvelope(
+        version=SCHEMA_VERSION, request_id="req-p", index=GlobalIndex(index),
+        modality="image", kind="processed", grid=g,
+        tensor=TensorSpec(dtype="float32", shape=shape, nbytes=nbytes),
+        payload=InlineRef(frame=frame), consumers=(1,),
+    )
+
+
+def cpu_ref(offset: int = 4096, length: int = 12) -> CpuRef:
+    """A syntactically valid arena reference."""
+    return CpuRef(arena_id="0" * 32, lease=0, offset=offset, length=length, generation=1)

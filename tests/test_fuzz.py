@@ -1,0 +1,86 @@
+"""Random and mutated-valid bytes: the decoder yields a batch or an EnvelopeError, nothing else.
+
+CI runs a share; ``MMWIRE_FUZZ_EXAMPLES=100000`` runs the full 100k of each strategy.
+"""
+
+from __future__ import annotations
+
+import os
+
+import msgspec
+import numpy as np
+from helpers import cpu_ref, processed_envelope, raw_envelope
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mmwire.transport import BatchDecoder, EnvelopeError, encode_batch
+
+EXAMPLES = int(os.environ.get("MMWIRE_FUZZ_EXAMPLES", "3000"))
+DECODER = BatchDecoder()
+
+_img = np.arange(5 * 7 * 3, dtype=np.uint8).reshape(5, 7, 3)
+_proc = processed_envelope(2, (1, 2, 2), frame=1)
+VALID = encode_batch(
+    [raw_envelope(0, _img), raw_envelope(1, np.zeros((3, 2, 4), np.uint8), payload=cpu_ref(64, 24)), _proc],
+    [_img.tobytes(), bytes(_proc.tensor.nbytes)],
+)
+VALID_HEADER: bytes = VALID[0]
+FUZZ = settings(
+    max_examples=EXAMPLES, deadline=None, derandomize=False,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+
+def _decode(frames: list[bytes]) -> None:
+    try:
+        DECODER.decode(frames)
+    except EnvelopeError:
+        pass
+
+
+@FUZZ
+@given(st.binary(max_size=512), st.lists(st.binary(max_size=64), max_size=3))
+def test_random_bytes(header: bytes, rest: list[bytes]) -> None:
+    _decode([header, *rest])
+
+
+@FUZZ
+@given(st.data())
+def test_mutated_valid_header(data: st.DataObject) -> None:
+    buf = bytearray(VALID_HEADER)
+    for _ in range(data.draw(st.integers(1, 8))):
+        op = data.draw(st.sampled_from(["flip", "set", "cut", "insert"]))
+        pos = data.draw(st.integers(0, max(0, len(buf) - 1)))
+        if op == "flip" and buf:
+            buf[pos] ^= 1 << data.draw(st.integers(0, 7))
+        elif op == "set" and buf:
+            buf[pos] = data.draw(st.integers(0, 255))
+        elif op == "cut":
+            del buf[pos:]
+        else:
+            buf[pos:pos] = data.draw(st.binary(min_size=1, max_size=8))
+    _decode([bytes(buf), *VALID[1:]])
+
+
+_ints = st.one_of(st.integers(-(2**63), 2**64 - 1), st.sampled_from([0, -1, 1, 2**31, 2**32]))
+
+
+@FUZZ
+@given(st.data())
+def test_structurally_mutated_fields(data: st.DataObject) -> None:
+    """Replace one leaf of the valid header with a hostile value of another type/size."""
+    tree = msgspec.msgpack.decode(VALID_HEADER)
+    leaves: list[tuple[object, object]] = []
+
+    def walk(node: object) -> None:
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for k, v in items:
+            leaves.append((node, k))
+            walk(v)
+
+    walk(tree)
+    parent, key = data.draw(st.sampled_from(leaves))
+    value = data.draw(st.one_of(_ints, st.text(max_size=4), st.none(), st.lists(_ints, max_size=4),
+                                st.floats(), st.binary(max_size=70), st.booleans()))
+    parent[key] = value  # type: ignore[index]
+    _decode([msgspec.msgpack.encode(tree), *VALID[1:]])

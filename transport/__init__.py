@@ -1,0 +1,96 @@
+"""mmwire.transport: typed feature envelopes and the backends that carry their payloads.
+
+General layout: ``_errors`` (the exception tree), ``_index`` (GlobalIndex/LocalIndex and
+their tables), ``_schema`` (the envelope Structs), ``_codec`` (frames <-> envelopes),
+``_views`` (zero-copy array views). Every public name is re-exported here exactly once.
+"""
+
+from ._codec import BatchDecoder as BatchDecoder
+from ._codec import DecodedBatch as DecodedBatch
+from ._codec import Limits as Limits
+from ._codec import encode_batch as encode_batch
+from ._errors import ArenaFull as ArenaFull
+from ._errors import BackendUnavailable as BackendUnavailable
+from ._errors import BusyResourceError as BusyResourceError
+from ._errors import ByteLengthMismatch as ByteLengthMismatch
+from ._errors import ClosedResourceError as ClosedResourceError
+from ._errors import DimensionError as DimensionError
+from ._errors import EnvelopeError as EnvelopeError
+from ._errors import FrameError as FrameError
+from ._errors import GridMismatch as GridMismatch
+from ._errors import HandoverRefused as HandoverRefused
+from ._errors import LimitExceeded as LimitExceeded
+from ._errors import MalformedEnvelope as MalformedEnvelope
+from ._errors import MmwireError as MmwireError
+from ._errors import OffsetError as OffsetError
+from ._errors import PeerGone as PeerGone
+from ._errors import SchemaVersionError as SchemaVersionError
+from ._errors import StaleReference as StaleReference
+from ._errors import TransportError as TransportError
+from ._errors import UnknownDtype as UnknownDtype
+from ._index import GlobalIndex as GlobalIndex
+from ._index import GlobalTable as GlobalTable
+from ._index import IndexMap as IndexMap
+from ._index import LocalIndex as LocalIndex
+from ._index import LocalSlots as LocalSlots
+from ._schema import DTYPES as DTYPES
+from ._schema import SCHEMA_VERSION as SCHEMA_VERSION
+from ._schema import Background as Background
+from ._schema import CpuRef as CpuRef
+from ._schema import CudaIpcRef as CudaIpcRef
+from ._schema import FabricRef as FabricRef
+from ._schema import FeatureEnvelope as FeatureEnvelope
+from ._schema import Grid as Grid
+from ._schema import InlineRef as InlineRef
+from ._schema import PayloadRef as PayloadRef
+from ._schema import PreprocessSpec as PreprocessSpec
+from ._schema import ResizePlan as ResizePlan
+from ._schema import TensorSpec as TensorSpec
+from ._views import numpy_view as numpy_view
+from ._views import torch_view as torch_view
+
+__all__ = [
+    "DTYPES",
+    "SCHEMA_VERSION",
+    "ArenaFull",
+    "Background",
+    "BackendUnavailable",
+    "BatchDecoder",
+    "BusyResourceError",
+    "ByteLengthMismatch",
+    "ClosedResourceError",
+    "CpuRef",
+    "CudaIpcRef",
+    "DecodedBatch",
+    "DimensionError",
+    "EnvelopeError",
+    "FabricRef",
+    "FeatureEnvelope",
+    "FrameError",
+    "GlobalIndex",
+    "GlobalTable",
+    "Grid",
+    "GridMismatch",
+    "HandoverRefused",
+    "IndexMap",
+    "InlineRef",
+    "LimitExceeded",
+    "Limits",
+    "LocalIndex",
+    "LocalSlots",
+    "MalformedEnvelope",
+    "MmwireError",
+    "OffsetError",
+    "PayloadRef",
+    "PeerGone",
+    "PreprocessSpec",
+    "ResizePlan",
+    "SchemaVersionError",
+    "StaleReference",
+    "TensorSpec",
+    "TransportError",
+    "UnknownDtype",
+    "encode_batch",
+    "numpy_view",
+    "torch_view",
+]

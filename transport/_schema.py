@@ -1,0 +1,422 @@
+"""The feature envelope: the typed, versioned record that crosses process boundaries.
+
+Everything here is a frozen msgspec ``Struct``; there are no free-form dicts, so every field
+a consumer reads is one the producer had to write. Cross-field rules live in
+``__post_init__`` and raise the matching :class:`EnvelopeError` subclass, both when a
+producer builds an envelope and when a consumer decodes one. Ceilings that depend on
+configuration (pixels, bytes) are checked by the codec (``Limits``).
+
+The wire format and its evolution rules are written down in ``docs/wire-format.md``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import msgspec
+
+from ._errors import (
+    ByteLengthMismatch,
+    DimensionError,
+    GridMismatch,
+    MalformedEnvelope,
+    OffsetError,
+    SchemaVersionError,
+    UnknownDtype,
+)
+from ._index import GlobalIndex
+
+__all__ = [
+    "DTYPES",
+    "SCHEMA_VERSION",
+    "Background",
+    "CpuRef",
+    "CudaIpcRef",
+    "FabricRef",
+    "FeatureEnvelope",
+    "Grid",
+    "InlineRef",
+    "PayloadRef",
+    "PreprocessSpec",
+    "ResizePlan",
+    "TensorSpec",
+]
+
+SCHEMA_VERSION = 1
+"""Version written by this library; decoders refuse any other."""
+
+DTYPES: dict[str, int] = {
+    "uint8": 1,
+    "int8": 1,
+    "int16": 2,
+    "int32": 4,
+    "int64": 8,
+    "float16": 2,
+    "bfloat16": 2,
+    "float32": 4,
+    "float64": 8,
+    "bool": 1,
+}
+"""Whitelisted dtype names and their item sizes in bytes."""
+
+_MAX_NDIM = 8
+
+Modality = Literal["image", "video", "audio"]
+Kind = Literal["raw", "processed", "embedding"]
+
+
+class Grid(msgspec.Struct, frozen=True, array_like=True):
+    """A patch grid, ``[h, w]`` (Kimi-VL) or ``[t, h, w]`` (K2.5/K3), normalised to one type.
+
+    ``dims`` keeps the form it was given in (``ndim`` says which); ``t`` is 1 for 2-D grids.
+    """
+
+    dims: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.dims) not in (2, 3):
+            raise DimensionError(
+                f"`grid` must be [h, w] or [t, h, w], got {len(self.dims)} values {list(self.dims)}"
+            )
+        for d in self.dims:
+            if type(d) is not int or d <= 0:
+                raise DimensionError(f"`grid` values must be positive ints, got {list(self.dims)}")
+
+    @classmethod
+    def of(cls, values: object) -> Grid:
+        """Normalise a 2- or 3-element sequence (list, tuple, tensor row) into a ``Grid``."""
+        try:
+            dims = tuple(int(v) for v in values)  # type: ignore[attr-defined]
+        except TypeError:
+            raise DimensionError(f"`grid` must be a sequence of ints, got {values!r}") from None
+        return cls(dims)
+
+    @property
+    def ndim(self) -> int:
+        """2 for an ``[h, w]`` grid, 3 for ``[t, h, w]``."""
+        return len(self.dims)
+
+    @property
+    def t(self) -> int:
+        """Temporal extent (1 for 2-D grids)."""
+        return self.dims[0] if len(self.dims) == 3 else 1
+
+    @property
+    def h(self) -> int:
+        """Height in patches."""
+        return self.dims[-2]
+
+    @property
+    def w(self) -> int:
+        """Width in patches."""
+        return self.dims[-1]
+
+    @property
+    def thw(self) -> tuple[int, int, int]:
+        """The grid as ``(t, h, w)`` whatever form it was given in."""
+        return (self.t, self.h, self.w)
+
+    @property
+    def patches(self) -> int:
+        """Patches of the item: ``t·h·w``."""
+        return self.t * self.h * self.w
+
+    def tokens(self, merge_kernel: tuple[int, int] = (2, 2)) -> int:
+        """LLM tokens of the item: ``(h·w) // (mh·mw)``; the temporal axis is pooled away."""
+        mh, mw = merge_kernel
+        return (self.h * self.w) // (mh * mw)
+
+
+class TensorSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """Dtype (whitelisted), shape and byte length of one payload; all three must agree."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+
+    def __post_init__(self) -> None:
+        itemsize = DTYPES.get(self.dtype)
+        if itemsize is None:
+            raise UnknownDtype(
+                f"`tensor.dtype` must be one of {sorted(DTYPES)}, got {self.dtype!r}"
+            )
+        if not 1 <= len(self.shape) <= _MAX_NDIM:
+            raise DimensionError(
+                f"`tensor.shape` must have 1..{_MAX_NDIM} dims, got {list(self.shape)}"
+            )
+        for d in self.shape:
+            if d <= 0:
+                raise DimensionError(
+                    f"`tensor.shape` dims must be positive, got {list(self.shape)}"
+                )
+        expected = math.prod(self.shape) * itemsize  # Python ints: no overflow
+        if self.nbytes != expected:
+            raise ByteLengthMismatch(
+                f"`tensor.nbytes` must be prod(shape)*itemsize = {expected} for "
+                f"{self.dtype}{list(self.shape)}, got {self.nbytes}"
+            )
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element."""
+        return DTYPES[self.dtype]
+
+
+def _non_negative(where: str, **fields: int) -> None:
+    for name, value in fields.items():
+        if value < 0:
+            raise OffsetError(f"`{where}.{name}` must be >= 0, got {value}")
+
+
+class InlineRef(msgspec.Struct, frozen=True, kw_only=True, tag="inline", tag_field="backend"):
+    """The payload travels as zmq frame number ``frame`` after the header frame."""
+
+    frame: int
+
+    def __post_init__(self) -> None:
+        _non_negative("payload", frame=self.frame)
+
+
+class CpuRef(msgspec.Struct, frozen=True, kw_only=True, tag="cpu", tag_field="backend"):
+    """Bytes ``[offset, offset+length)`` of host arena ``arena_id``, inside lease ``lease``.
+
+    ``generation`` must equal the lease's generation in the arena, else the reference is
+    stale. Offsets are relative to the arena's start; no pointers ever travel.
+    """
+
+    arena_id: str
+    lease: int
+    offset: int
+    length: int
+    generation: int
+
+    def __post_init__(self) -> None:
+        _non_negative(
+            "payload", lease=self.lease, offset=self.offset, length=self.length,
+            generation=self.generation,
+        )
+
+
+class CudaIpcRef(msgspec.Struct, frozen=True, kw_only=True, tag="cuda_ipc", tag_field="backend"):
+    """Bytes ``[offset, offset+length)`` of device pool ``pool_id``, in ready/ack slot ``slot``."""
+
+    pool_id: str
+    slot: int
+    offset: int
+    length: int
+    generation: int
+
+    def __post_init__(self) -> None:
+        _non_negative(
+            "payload", slot=self.slot, offset=self.offset, length=self.length,
+            generation=self.generation,
+        )
+
+
+class FabricRef(msgspec.Struct, frozen=True, kw_only=True, tag="fabric", tag_field="backend"):
+    """Like :class:`CudaIpcRef` for a VMM pool; ``handle`` is the 64-byte FABRIC handle, if any."""
+
+    pool_id: str
+    slot: int
+    offset: int
+    length: int
+    generation: int
+    handle: bytes | None = None
+
+    def __post_init__(self) -> None:
+        _non_negative(
+            "payload", slot=self.slot, offset=self.offset, length=self.length,
+            generation=self.generation,
+        )
+        if self.handle is not None and len(self.handle) != 64:
+            raise MalformedEnvelope(
+                f"`payload.handle` must be a 64-byte FABRIC handle, got {len(self.handle)} bytes"
+            )
+
+
+PayloadRef = InlineRef | CpuRef | CudaIpcRef | FabricRef
+
+
+class Background(msgspec.Struct, frozen=True, kw_only=True):
+    """Transparent-background fill applied after resize (RGBA inputs only).
+
+    Defaults are the processor's when a config omits keys: square 16, top-left white,
+    white 255, gray 200. K3 uses ``Background(square=8, gray=180)``.
+    """
+
+    pattern: Literal["chessboard", "white", "gray", "black"] = "chessboard"
+    square: int = 16
+    top_left_white: bool = True
+    white: int = 255
+    gray: int = 200
+
+    def __post_init__(self) -> None:
+        if self.square <= 0:
+            raise DimensionError(f"`background.square` must be positive, got {self.square}")
+        for name in ("white", "gray"):
+            v = getattr(self, name)
+            if not 0 <= v <= 255:
+                raise MalformedEnvelope(f"`background.{name}` must be in 0..255, got {v}")
+
+
+class ResizePlan(msgspec.Struct, frozen=True, kw_only=True):
+    """The NaViT resize plan of one image (see ``mmwire.materialize.plan_resize``)."""
+
+    width: int
+    height: int
+    new_width: int
+    new_height: int
+    pad_width: int
+    pad_height: int
+    grid: Grid
+    tokens: int
+
+    def __post_init__(self) -> None:
+        for name in ("width", "height", "new_width", "new_height"):
+            v = getattr(self, name)
+            if v <= 0:
+                raise DimensionError(f"`plan.{name}` must be positive, got {v}")
+        _non_negative("plan", pad_width=self.pad_width, pad_height=self.pad_height)
+        if self.tokens <= 0:
+            raise DimensionError(f"`plan.tokens` must be positive, got {self.tokens}")
+
+    @property
+    def padded_width(self) -> int:
+        """Canvas width after padding."""
+        return self.new_width + self.pad_width
+
+    @property
+    def padded_height(self) -> int:
+        """Canvas height after padding."""
+        return self.new_height + self.pad_height
+
+
+class PreprocessSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything the owner needs to turn a raw item into model inputs.
+
+    ``background`` ``None`` means alpha is dropped (K2.5); see :class:`Background` for K3.
+    """
+
+    plan: ResizePlan
+    image_mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    image_std: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    background: Background | None = None
+    patch_size: int = 14
+    merge_kernel: tuple[int, int] = (2, 2)
+
+    def __post_init__(self) -> None:
+        if self.patch_size <= 0:
+            raise DimensionError(f"`preprocess.patch_size` must be positive, got {self.patch_size}")
+        if min(self.merge_kernel) <= 0:
+            raise DimensionError(
+                f"`preprocess.merge_kernel` must be positive, got {list(self.merge_kernel)}"
+            )
+        for s in self.image_std:
+            if not s > 0:
+                raise MalformedEnvelope(f"`preprocess.image_std` must be > 0, got {list(self.image_std)}")
+        p = self.patch_size
+        plan = self.plan
+        if plan.padded_width % p or plan.padded_height % p:
+            raise GridMismatch(
+                f"`preprocess.plan` canvas {plan.padded_width}x{plan.padded_height} is not a "
+                f"multiple of patch_size {p}"
+            )
+        expected = (plan.padded_height // p, plan.padded_width // p)
+        if (plan.grid.h, plan.grid.w) != expected:
+            raise GridMismatch(
+                f"`preprocess.plan.grid` {list(plan.grid.dims)} disagrees with the canvas "
+                f"{plan.padded_width}x{plan.padded_height} (expected h, w = {list(expected)})"
+            )
+
+
+class FeatureEnvelope(msgspec.Struct, frozen=True, kw_only=True):
+    """One item of a batch: what it is, where its payload lives, and who reads it.
+
+    * ``raw``: uint8 pixels ``(H, W, C)`` with C in 1/3/4 and a ``preprocess`` spec; the
+      owner materialises it.
+    * ``processed``: model-ready ``(patches, ...)`` features; rows must equal ``grid.patches``.
+    * ``embedding``: encoder output ``(tokens, hidden)`` for disaggregated encoders.
+
+    ``consumers`` are the ranks that will map and release the payload (the item's owners);
+    every other rank only reads the metadata.
+    """
+
+    version: int
+    request_id: str
+    index: GlobalIndex
+    modality: Modality
+    kind: Kind
+    grid: Grid
+    tensor: TensorSpec
+    payload: PayloadRef
+    consumers: tuple[int, ...]
+    preprocess: PreprocessSpec | None = None
+    digest: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.version != SCHEMA_VERSION:
+            raise SchemaVersionError(
+                f"`version` {self.version} is not readable by schema version {SCHEMA_VERSION}"
+            )
+        where = f"item {self.index.value} of request {self.request_id!r}"
+        if not self.consumers:
+            raise MalformedEnvelope(f"`consumers` of {where} must name at least one rank")
+        if len(set(self.consumers)) != len(self.consumers) or min(self.consumers) < 0:
+            raise MalformedEnvelope(
+                f"`consumers` of {where} must be distinct ranks >= 0, got {list(self.consumers)}"
+            )
+        payload_len = getattr(self.payload, "length", None)
+        if payload_len is not None and payload_len != self.tensor.nbytes:
+            raise ByteLengthMismatch(
+                f"`payload.length` {payload_len} of {where} != `tensor.nbytes` {self.tensor.nbytes}"
+            )
+        if self.kind == "raw":
+            self._check_raw(where)
+        elif self.preprocess is not None:
+            raise MalformedEnvelope(f"`preprocess` is only allowed on raw items ({where})")
+        if self.kind == "processed" and self.tensor.shape[0] != self.grid.patches:
+            raise GridMismatch(
+                f"processed tensor of {where} has {self.tensor.shape[0]} rows but its grid "
+                f"{list(self.grid.dims)} has {self.grid.patches} patches"
+            )
+        if self.digest is not None and len(self.digest) > 128:
+            raise MalformedEnvelope(f"`digest` of {where} is over 128 characters")
+
+    def _check_raw(self, where: str) -> None:
+        spec = self.preprocess
+        if spec is None:
+            raise MalformedEnvelope(f"raw {where} needs a `preprocess` spec")
+        if self.tensor.dtype != "uint8":
+            raise MalformedEnvelope(
+                f"raw {where} must carry uint8 pixels, got `tensor.dtype` {self.tensor.dtype!r}"
+            )
+        shape = self.tensor.shape
+        if len(shape) != 3 or shape[2] not in (1, 3, 4):
+            raise DimensionError(
+                f"raw {where} must be (H, W, C) with C in 1/3/4, got {list(shape)}"
+            )
+        if (shape[1], shape[0]) != (spec.plan.width, spec.plan.height):
+            raise DimensionError(
+                f"raw {where} is {shape[1]}x{shape[0]} but its plan says "
+                f"{spec.plan.width}x{spec.plan.height}"
+            )
+        if spec.plan.grid.thw != self.grid.thw:
+            raise GridMismatch(
+                f"`grid` {list(self.grid.dims)} of {where} disagrees with its plan's grid "
+                f"{list(spec.plan.grid.dims)}"
+            )
+
+
+class _Header(msgspec.Struct, frozen=True, kw_only=True):
+    """The header frame of a batch: the envelopes and how many inline frames follow."""
+
+    version: int
+    envelopes: tuple[FeatureEnvelope, ...]
+    frames: int
+
+
+class _VersionProbe(msgspec.Struct):
+    """Reads only ``version`` so an incompatible header gets a precise error."""
+
+    version: int
