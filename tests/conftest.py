@@ -24,7 +24,10 @@ def rng() -> np.random.Generator:
 @pytest.fixture
 def distinct_images(rng: np.random.Generator) -> list[np.ndarray[Any, Any]]:
     """Three uint8 RGB images of distinct, odd sizes (identical sizes hide index bugs)."""
-    return [rng.integers(0, 256, size=s, dtype=np.uint8) for s in ((37, 53, 3), (61, 29, 3), (45, 45, 3))]
+    return [
+        rng.integers(0, 256, size=s, dtype=np.uint8)
+        for s in ((37, 53, 3), (61, 29, 3), (45, 45, 3))
+    ]
 
 
 def photo_path(name: str) -> Path:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-
 from mmwire.transport import (
     SCHEMA_VERSION,
     CpuRef,
@@ -25,25 +24,42 @@ def raw_spec(width: int, height: int) -> PreprocessSpec:
     pw, ph = (f - width % f) % f, (f - height % f) % f
     grid = Grid((1, (height + ph) // 14, (width + pw) // 14))
     plan = ResizePlan(
-        width=width, height=height, new_width=width, new_height=height,
-        pad_width=pw, pad_height=ph, grid=grid, tokens=grid.tokens(),
+        width=width,
+        height=height,
+        new_width=width,
+        new_height=height,
+        pad_width=pw,
+        pad_height=ph,
+        grid=grid,
+        tokens=grid.tokens(),
     )
     return PreprocessSpec(plan=plan)
 
 
 def raw_envelope(
-    index: int, pixels: np.ndarray[Any, Any], *, frame: int | None = None,
-    payload: Any = None, consumers: tuple[int, ...] = (0,), request_id: str = "req-0",
+    index: int,
+    pixels: np.ndarray[Any, Any],
+    *,
+    frame: int | None = None,
+    payload: Any = None,
+    consumers: tuple[int, ...] = (0,),
+    request_id: str = "req-0",
 ) -> FeatureEnvelope:
     """An envelope for raw uint8 ``(H, W, C)`` pixels, inline by default."""
     h, w, _ = pixels.shape
     spec = raw_spec(w, h)
     ref = payload if payload is not None else InlineRef(frame=index if frame is None else frame)
     return FeatureEnvelope(
-        version=SCHEMA_VERSION, request_id=request_id, index=GlobalIndex(index),
-        modality="image", kind="raw", grid=spec.plan.grid,
+        version=SCHEMA_VERSION,
+        request_id=request_id,
+        index=GlobalIndex(index),
+        modality="image",
+        kind="raw",
+        grid=spec.plan.grid,
         tensor=TensorSpec(dtype="uint8", shape=pixels.shape, nbytes=pixels.nbytes),
-        payload=ref, consumers=consumers, preprocess=spec,
+        payload=ref,
+        consumers=consumers,
+        preprocess=spec,
     )
 
 
@@ -53,10 +69,15 @@ def processed_envelope(index: int, grid: tuple[int, ...], frame: int) -> Feature
     shape = (g.patches, 3, 14, 14)
     nbytes = int(np.prod(shape)) * 4
     return FeatureEnvelope(
-        version=SCHEMA_VERSION, request_id="req-p", index=GlobalIndex(index),
-        modality="image", kind="processed", grid=g,
+        version=SCHEMA_VERSION,
+        request_id="req-p",
+        index=GlobalIndex(index),
+        modality="image",
+        kind="processed",
+        grid=g,
         tensor=TensorSpec(dtype="float32", shape=shape, nbytes=nbytes),
-        payload=InlineRef(frame=frame), consumers=(1,),
+        payload=InlineRef(frame=frame),
+        consumers=(1,),
     )
 
 

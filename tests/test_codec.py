@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import zmq
 from helpers import cpu_ref, processed_envelope, raw_envelope
-
 from mmwire.transport import (
     BatchDecoder,
     ByteLengthMismatch,

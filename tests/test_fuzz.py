@@ -12,7 +12,6 @@ import numpy as np
 from helpers import cpu_ref, processed_envelope, raw_envelope
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from mmwire.transport import BatchDecoder, EnvelopeError, encode_batch
 
 EXAMPLES = int(os.environ.get("MMWIRE_FUZZ_EXAMPLES", "3000"))
@@ -21,12 +20,18 @@ DECODER = BatchDecoder()
 _img = np.arange(5 * 7 * 3, dtype=np.uint8).reshape(5, 7, 3)
 _proc = processed_envelope(2, (1, 2, 2), frame=1)
 VALID = encode_batch(
-    [raw_envelope(0, _img), raw_envelope(1, np.zeros((3, 2, 4), np.uint8), payload=cpu_ref(64, 24)), _proc],
+    [
+        raw_envelope(0, _img),
+        raw_envelope(1, np.zeros((3, 2, 4), np.uint8), payload=cpu_ref(64, 24)),
+        _proc,
+    ],
     [_img.tobytes(), bytes(_proc.tensor.nbytes)],
 )
 VALID_HEADER: bytes = VALID[0]
 FUZZ = settings(
-    max_examples=EXAMPLES, deadline=None, derandomize=False,
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=False,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 
@@ -73,14 +78,29 @@ def test_structurally_mutated_fields(data: st.DataObject) -> None:
     leaves: list[tuple[object, object]] = []
 
     def walk(node: object) -> None:
-        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        items = (
+            node.items()
+            if isinstance(node, dict)
+            else enumerate(node)
+            if isinstance(node, list)
+            else ()
+        )
         for k, v in items:
             leaves.append((node, k))
             walk(v)
 
     walk(tree)
     parent, key = data.draw(st.sampled_from(leaves))
-    value = data.draw(st.one_of(_ints, st.text(max_size=4), st.none(), st.lists(_ints, max_size=4),
-                                st.floats(), st.binary(max_size=70), st.booleans()))
+    value = data.draw(
+        st.one_of(
+            _ints,
+            st.text(max_size=4),
+            st.none(),
+            st.lists(_ints, max_size=4),
+            st.floats(),
+            st.binary(max_size=70),
+            st.booleans(),
+        )
+    )
     parent[key] = value  # type: ignore[index]
     _decode([msgspec.msgpack.encode(tree), *VALID[1:]])

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import pytest
-
 from mmwire.transport import GlobalIndex, GlobalTable, Grid, IndexMap, LocalIndex, LocalSlots
 
 

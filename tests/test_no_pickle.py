@@ -20,10 +20,17 @@ def test_library_never_imports_pickle() -> None:
                     names = [a.name.split(".")[0] for a in node.names]
                 elif isinstance(node, ast.ImportFrom) and node.module:
                     names = [node.module.split(".")[0]]
-                elif isinstance(node, ast.Attribute) and node.attr in {"send_pyobj", "recv_pyobj", "loads"}:
+                elif isinstance(node, ast.Attribute) and node.attr in {
+                    "send_pyobj",
+                    "recv_pyobj",
+                    "loads",
+                }:
                     names = [node.attr]
-                offenders += [f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names
-                              if n in FORBIDDEN | {"send_pyobj", "recv_pyobj"}]
+                offenders += [
+                    f"{path.relative_to(ROOT)}:{node.lineno} {n}"
+                    for n in names
+                    if n in FORBIDDEN | {"send_pyobj", "recv_pyobj"}
+                ]
     assert offenders == []
 
 

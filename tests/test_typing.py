@@ -16,9 +16,18 @@ SNIPPET = Path(__file__).parent / "typing" / "index_misuse.py"
 @pytest.mark.skipif(importlib.util.find_spec("mypy") is None, reason="mypy is not installed")
 def test_mypy_rejects_index_misuse() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "mypy", "--no-incremental", "--strict", "--no-error-summary",
-         str(SNIPPET)],
-        capture_output=True, text=True, check=False,
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--no-incremental",
+            "--strict",
+            "--no-error-summary",
+            str(SNIPPET),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     expected = {
         i + 1: m.group(1)

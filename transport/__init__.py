@@ -5,10 +5,18 @@ their tables), ``_schema`` (the envelope Structs), ``_codec`` (frames <-> envelo
 ``_views`` (zero-copy array views). Every public name is re-exported here exactly once.
 """
 
+from ._arena import ArenaStatistics as ArenaStatistics
 from ._codec import BatchDecoder as BatchDecoder
 from ._codec import DecodedBatch as DecodedBatch
 from ._codec import Limits as Limits
 from ._codec import encode_batch as encode_batch
+from ._cpu import ConsumerStatistics as ConsumerStatistics
+from ._cpu import CpuConsumer as CpuConsumer
+from ._cpu import CpuProducer as CpuProducer
+from ._cpu import CurveKeys as CurveKeys
+from ._cpu import Item as Item
+from ._cpu import ProducerStatistics as ProducerStatistics
+from ._cpu import ReceivedBatch as ReceivedBatch
 from ._errors import ArenaFull as ArenaFull
 from ._errors import BackendUnavailable as BackendUnavailable
 from ._errors import BusyResourceError as BusyResourceError
@@ -22,6 +30,7 @@ from ._errors import HandoverRefused as HandoverRefused
 from ._errors import LimitExceeded as LimitExceeded
 from ._errors import MalformedEnvelope as MalformedEnvelope
 from ._errors import MmwireError as MmwireError
+from ._errors import NotAConsumer as NotAConsumer
 from ._errors import OffsetError as OffsetError
 from ._errors import PeerGone as PeerGone
 from ._errors import SchemaVersionError as SchemaVersionError
@@ -53,14 +62,19 @@ __all__ = [
     "DTYPES",
     "SCHEMA_VERSION",
     "ArenaFull",
-    "Background",
+    "ArenaStatistics",
     "BackendUnavailable",
+    "Background",
     "BatchDecoder",
     "BusyResourceError",
     "ByteLengthMismatch",
     "ClosedResourceError",
+    "ConsumerStatistics",
+    "CpuConsumer",
+    "CpuProducer",
     "CpuRef",
     "CudaIpcRef",
+    "CurveKeys",
     "DecodedBatch",
     "DimensionError",
     "EnvelopeError",
@@ -74,16 +88,20 @@ __all__ = [
     "HandoverRefused",
     "IndexMap",
     "InlineRef",
+    "Item",
     "LimitExceeded",
     "Limits",
     "LocalIndex",
     "LocalSlots",
     "MalformedEnvelope",
     "MmwireError",
+    "NotAConsumer",
     "OffsetError",
     "PayloadRef",
     "PeerGone",
     "PreprocessSpec",
+    "ProducerStatistics",
+    "ReceivedBatch",
     "ResizePlan",
     "SchemaVersionError",
     "StaleReference",

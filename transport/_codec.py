@@ -51,9 +51,7 @@ class Limits:
 _ENCODER = msgspec.msgpack.Encoder()
 
 
-def encode_batch(
-    envelopes: Sequence[FeatureEnvelope], inline: Sequence[Any] = ()
-) -> list[Any]:
+def encode_batch(envelopes: Sequence[FeatureEnvelope], inline: Sequence[Any] = ()) -> list[Any]:
     """Frames for one batch: the header, then ``inline`` buffers in ``InlineRef.frame`` order.
 
     Envelopes must sit at their own ``GlobalIndex`` and inline frames must match their

@@ -17,6 +17,7 @@ Tree::
     │   ├── OffsetError                       negative offset / outside the arena or lease
     │   ├── GridMismatch                      rows of a processed tensor disagree with its grid
     │   └── FrameError                        missing, extra or wrong-size inline frames
+    ├── NotAConsumer (also LookupError)       this rank is not in the item's consumer set
     ├── StaleReference                        the referenced lease was released and reused
     ├── ArenaFull                             no room in the arena within the wait timeout
     ├── TransportError                        a peer or the OS failed us (``__cause__`` = OSError)
@@ -45,6 +46,7 @@ __all__ = [
     "MalformedEnvelope",
     "MaterializeError",
     "MmwireError",
+    "NotAConsumer",
     "OffsetError",
     "PeerGone",
     "SchemaVersionError",
@@ -96,6 +98,10 @@ class GridMismatch(EnvelopeError):
 
 class FrameError(EnvelopeError):
     """Inline payload frames missing, surplus, or of the wrong size."""
+
+
+class NotAConsumer(MmwireError, LookupError):
+    """This rank is not in the item's consumer set: it reads the metadata, never the payload."""
 
 
 class StaleReference(MmwireError):

@@ -193,7 +193,10 @@ class CpuRef(msgspec.Struct, frozen=True, kw_only=True, tag="cpu", tag_field="ba
 
     def __post_init__(self) -> None:
         _non_negative(
-            "payload", lease=self.lease, offset=self.offset, length=self.length,
+            "payload",
+            lease=self.lease,
+            offset=self.offset,
+            length=self.length,
             generation=self.generation,
         )
 
@@ -209,7 +212,10 @@ class CudaIpcRef(msgspec.Struct, frozen=True, kw_only=True, tag="cuda_ipc", tag_
 
     def __post_init__(self) -> None:
         _non_negative(
-            "payload", slot=self.slot, offset=self.offset, length=self.length,
+            "payload",
+            slot=self.slot,
+            offset=self.offset,
+            length=self.length,
             generation=self.generation,
         )
 
@@ -226,7 +232,10 @@ class FabricRef(msgspec.Struct, frozen=True, kw_only=True, tag="fabric", tag_fie
 
     def __post_init__(self) -> None:
         _non_negative(
-            "payload", slot=self.slot, offset=self.offset, length=self.length,
+            "payload",
+            slot=self.slot,
+            offset=self.offset,
+            length=self.length,
             generation=self.generation,
         )
         if self.handle is not None and len(self.handle) != 64:
@@ -314,7 +323,9 @@ class PreprocessSpec(msgspec.Struct, frozen=True, kw_only=True):
             )
         for s in self.image_std:
             if not s > 0:
-                raise MalformedEnvelope(f"`preprocess.image_std` must be > 0, got {list(self.image_std)}")
+                raise MalformedEnvelope(
+                    f"`preprocess.image_std` must be > 0, got {list(self.image_std)}"
+                )
         p = self.patch_size
         plan = self.plan
         if plan.padded_width % p or plan.padded_height % p:

@@ -14,7 +14,17 @@ __all__ = ["numpy_view", "torch_view"]
 
 _NUMPY: dict[str, np.dtype[Any]] = {
     name: np.dtype(name)
-    for name in ("uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64", "bool")
+    for name in (
+        "uint8",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "float16",
+        "float32",
+        "float64",
+        "bool",
+    )
 }
 _TORCH: dict[str, torch.dtype] = {
     "uint8": torch.uint8,

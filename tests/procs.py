@@ -1,0 +1,85 @@
+"""Child-process bodies for the multi-process tests (spawned, so they must be importable)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from typing import Any
+
+from mmwire.transport import CpuConsumer, GlobalIndex, PeerGone
+
+
+def arena_rss_kib() -> int:
+    """Resident KiB of this process's arena mapping(s) (memfd 'mmwire-arena-*')."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            if "-" in line.split()[0] and len(line.split()) >= 5:
+                inside = "mmwire-arena" in line
+            elif inside and line.startswith("Rss:"):
+                total += int(line.split()[1])
+    return total
+
+
+def consume(
+    rank: int, endpoint: str, handover: str | None, n_batches: int, q: Any, hold: bool = False
+) -> None:
+    """Receive batches; report sha256 of owned payloads, counters and arena RSS."""
+    c = CpuConsumer(rank, endpoint, handover=handover)
+    q.put(("joined", rank))
+    try:
+        for _ in range(n_batches):
+            b = c.recv(timeout=30)
+            digests = {g.value: hashlib.sha256(b.open(g).tobytes()).hexdigest() for g in b.owned}
+            st = c.statistics()
+            q.put(("batch", rank, digests, st.items_opened, arena_rss_kib(), os.getpid()))
+            if hold:
+                time.sleep(3600)  # keep the lease until killed
+            b.release()
+        q.put(("done", rank))
+        time.sleep(1.0)  # let the releases leave before closing
+    except PeerGone as e:
+        q.put(("peer-gone", rank, str(e)))
+    finally:
+        c.close()
+
+
+def wait_then_recv(rank: int, endpoint: str, handover: str, q: Any) -> None:
+    """Join, then wait for a batch that never comes: reports PeerGone when the producer dies."""
+    c = CpuConsumer(rank, endpoint, handover=handover)
+    q.put(("joined", rank))
+    try:
+        c.recv(timeout=60)
+        q.put(("unexpected-batch", rank))
+    except PeerGone as e:
+        q.put(("peer-gone", rank, str(e)))
+    except Exception as e:  # reported, so the test can show it
+        q.put(("error", rank, repr(e)))
+    finally:
+        c.close()
+
+
+def intruder(handover: str, q: Any) -> None:
+    """Drop to uid 65534 and try to take the arena."""
+    os.setgid(65534)
+    os.setuid(65534)
+    from mmwire.transport._handover import receive_arena
+
+    try:
+        receive_arena(handover, rank=9, timeout=5)
+        q.put("accepted")
+    except Exception as e:
+        q.put(f"{type(e).__name__}: {e}")
+
+
+def producer_then_die(q: Any) -> None:
+    """A producer that reports its endpoints and then waits to be killed."""
+    from mmwire.transport import CpuProducer
+
+    p = CpuProducer(arena_size=1 << 22)
+    q.put((p.endpoint, p.handover_path))
+    time.sleep(3600)
+
+
+__all__ = ["GlobalIndex"]

@@ -1,0 +1,323 @@
+"""The host shared-memory arena: one preallocated memfd per producer, leased per request.
+
+Layout
+------
+::
+
+    offset 0        4096                                                        size
+    +---------------+-----------------+---------------------+-------- ... ------+
+    | arena header  | lease A         | free                | lease B           |
+    +---------------+-----------------+---------------------+-------- ... ------+
+
+    arena header (4096 B)               lease (starts 4096-aligned)
+    0   8s  magic  b"MMWARENA"          0   8s  magic b"MMWLEASE"
+    8   u32 layout version (1)          8   u64 generation (0 = free)
+    12  u32 producer pid                16  u64 lease length in bytes (header included)
+    16  u64 arena size                  24  u32 item count n
+    24  16s arena id                    28  u32 reserved
+                                        32  n x (u64 offset, u64 length)   layout table
+                                        ... payloads, 64-aligned (4096 for >= 1 MiB)
+
+All integers little-endian. Offsets in the layout table and in ``CpuRef`` are absolute
+(from the arena start).
+
+States
+------
+A lease range is *free* (on the free list, header generation 0) or *live* (allocated,
+header generation g > 0, with a set of pending consumer ranks).
+
+Transitions
+-----------
+* ``allocate``: free -> live. The producer writes the payloads, then the layout table,
+  then the generation (``# ORDER`` at the store).
+* ``release(rank)``: removes ``rank`` from the pending set; when it empties the header
+  generation is zeroed and the range goes back on the free list (coalesced).
+* a consumer's death: ``release`` for every live lease that still waits on that rank.
+
+Invariants
+----------
+* Live leases never overlap; every range lies inside ``[4096, size)``.
+* Generations only grow, so a reference whose generation differs from its lease's header
+  is stale and is refused (``StaleReference``); an open never returns another lease's bytes.
+* The producer is the only writer; consumers map the memfd read-only.
+
+Lifetime
+--------
+The memfd has no name: nothing appears in ``/dev/shm`` and the kernel frees the memory when
+the last process holding the fd or a mapping goes away, so a crash of any party leaks
+nothing. ``posix_fallocate`` reserves the pages and the arena is prefaulted at creation, so
+no request pays page faults and no later write can SIGBUS on an exhausted tmpfs.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import secrets
+import struct
+import threading
+from dataclasses import dataclass
+
+from ._errors import ArenaFull, ClosedResourceError
+
+__all__ = ["ARENA_HEADER", "LEASE_HEADER", "Arena", "ArenaStatistics", "Lease"]
+
+ARENA_HEADER = 4096
+LEASE_HEADER = 32
+PAGE = 4096
+_ARENA_FMT = struct.Struct("<8sIIQ16s")
+_LEASE_FMT = struct.Struct("<8sQQII")
+_SLOT_FMT = struct.Struct("<QQ")
+ARENA_MAGIC = b"MMWARENA"
+LEASE_MAGIC = b"MMWLEASE"
+
+
+def _align(n: int, a: int) -> int:
+    return (n + a - 1) // a * a
+
+
+def item_alignment(nbytes: int) -> int:
+    """64-byte alignment for small payloads, a page for those of 1 MiB or more."""
+    return PAGE if nbytes >= (1 << 20) else 64
+
+
+def lease_size(item_sizes: list[int]) -> int:
+    """Bytes a lease needs for payloads of these sizes, header and layout table included."""
+    pos = LEASE_HEADER + _SLOT_FMT.size * len(item_sizes)
+    for n in item_sizes:
+        pos = _align(pos, item_alignment(n)) + n
+    return _align(max(pos, 1), PAGE)
+
+
+@dataclass(frozen=True)
+class ArenaStatistics:
+    """A snapshot of one arena's use."""
+
+    size: int
+    """Arena size in bytes (header included)."""
+    bytes_in_use: int
+    """Bytes held by live leases."""
+    peak_bytes: int
+    """Largest ``bytes_in_use`` seen."""
+    leases_outstanding: int
+    """Live leases still waiting for at least one consumer's release."""
+    leases_total: int
+    """Leases allocated since creation."""
+
+
+@dataclass
+class Lease:
+    """One request's allocation: ``[start, start+length)`` and the item slots inside it."""
+
+    start: int
+    length: int
+    generation: int
+    slots: list[tuple[int, int]]
+    pending: set[int]
+
+
+class Arena:
+    """Producer side of the arena: owns the memfd, the writable mapping and the allocator.
+
+    Not thread-safe for writes; the allocator itself is guarded by a lock so releases can
+    come from the handover thread.
+    """
+
+    def __init__(self, size: int = 1 << 30, *, prefault: bool = True) -> None:
+        if size < ARENA_HEADER + PAGE:
+            raise ValueError(
+                f"`arena_size` must be at least {ARENA_HEADER + PAGE} bytes, got {size}"
+            )
+        size = _align(size, PAGE)
+        self.id = secrets.token_hex(16)
+        self.size = size
+        self.fd = os.memfd_create(f"mmwire-arena-{self.id[:8]}", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(self.fd, size)
+            os.posix_fallocate(self.fd, 0, size)
+            self._map = mmap.mmap(
+                self.fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE
+            )
+        except OSError:
+            os.close(self.fd)
+            raise
+        self.view = memoryview(self._map)
+        if prefault:
+            zero = bytes(1 << 22)
+            for off in range(0, size, len(zero)):
+                n = min(len(zero), size - off)
+                self.view[off : off + n] = zero[:n]
+        _ARENA_FMT.pack_into(
+            self.view, 0, ARENA_MAGIC, 1, os.getpid(), size, bytes.fromhex(self.id)
+        )
+        self._lock = threading.Condition()
+        self._free: list[tuple[int, int]] = [(ARENA_HEADER, size - ARENA_HEADER)]
+        self._live: dict[int, Lease] = {}
+        self._generation = 0
+        self._in_use = 0
+        self._peak = 0
+        self._total = 0
+        self.closed = False
+
+    # -- allocation -------------------------------------------------------------------
+
+    def try_allocate(self, item_sizes: list[int], consumers: set[int]) -> Lease | None:
+        """A lease for these payload sizes, or ``None`` if no free range is large enough."""
+        need = lease_size(item_sizes)
+        with self._lock:
+            if self.closed:
+                raise ClosedResourceError("the arena was closed")
+            for i, (start, length) in enumerate(self._free):
+                if length >= need:
+                    if length == need:
+                        del self._free[i]
+                    else:
+                        self._free[i] = (start + need, length - need)
+                    self._generation += 1
+                    lease = Lease(
+                        start,
+                        need,
+                        self._generation,
+                        self._layout(start, item_sizes),
+                        set(consumers),
+                    )
+                    self._live[start] = lease
+                    self._in_use += need
+                    self._peak = max(self._peak, self._in_use)
+                    self._total += 1
+                    return lease
+        return None
+
+    def allocate(
+        self, item_sizes: list[int], consumers: set[int], timeout: float, drain: object = None
+    ) -> Lease:
+        """Like :meth:`try_allocate`, waiting up to ``timeout`` s for releases; ``ArenaFull`` after.
+
+        ``drain`` (a callable taking a timeout) is called while waiting so the caller can
+        process release messages that arrive on its own sockets.
+        """
+        import time
+
+        deadline = time.monotonic() + timeout
+        while True:
+            lease = self.try_allocate(item_sizes, consumers)
+            if lease is not None:
+                return lease
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                need = lease_size(item_sizes)
+                st = self.statistics()
+                free = self.size - ARENA_HEADER - st.bytes_in_use
+                raise ArenaFull(
+                    f"request needs {need} bytes; arena has {free} of {self.size} bytes free "
+                    f"({st.leases_outstanding} leases awaiting release) after waiting {timeout:.3g} s; "
+                    "raise `arena_size`, release leases sooner, or use on_full='inline'"
+                )
+            if callable(drain):
+                drain(min(remaining, 0.05))
+            else:
+                with self._lock:
+                    self._lock.wait(min(remaining, 0.05))
+
+    def _layout(self, start: int, item_sizes: list[int]) -> list[tuple[int, int]]:
+        pos = LEASE_HEADER + _SLOT_FMT.size * len(item_sizes)
+        slots = []
+        for n in item_sizes:
+            pos = _align(pos, item_alignment(n))
+            slots.append((start + pos, n))
+            pos += n
+        return slots
+
+    def publish(self, lease: Lease) -> None:
+        """Write the lease's layout table and header once its payloads are in place."""
+        for k, (off, n) in enumerate(lease.slots):
+            _SLOT_FMT.pack_into(self.view, lease.start + LEASE_HEADER + k * _SLOT_FMT.size, off, n)
+        # ORDER: the generation is written last. A consumer validates a reference against it;
+        # writing it before the payloads would let an open succeed on half-written bytes.
+        _LEASE_FMT.pack_into(
+            self.view, lease.start, LEASE_MAGIC, lease.generation, lease.length, len(lease.slots), 0
+        )
+
+    # -- release ----------------------------------------------------------------------
+
+    def release(self, start: int, generation: int, rank: int) -> bool:
+        """Drop ``rank`` from a lease's pending set; frees the lease when none remain.
+
+        Returns whether the release matched a live lease (stale or duplicate ones are ignored).
+        """
+        with self._lock:
+            lease = self._live.get(start)
+            if lease is None or lease.generation != generation or rank not in lease.pending:
+                return False
+            lease.pending.discard(rank)
+            if not lease.pending:
+                self._free_lease(lease)
+            return True
+
+    def release_rank(self, rank: int) -> int:
+        """Release everything ``rank`` still holds (it died); returns how many leases it held."""
+        with self._lock:
+            held = [lease for lease in self._live.values() if rank in lease.pending]
+            for lease in held:
+                lease.pending.discard(rank)
+                if not lease.pending:
+                    self._free_lease(lease)
+            return len(held)
+
+    def _free_lease(self, lease: Lease) -> None:
+        # ORDER: zero the generation before the range can be reallocated, so a stale
+        # reference fails its generation check instead of reading the next request's bytes.
+        _LEASE_FMT.pack_into(self.view, lease.start, LEASE_MAGIC, 0, lease.length, 0, 0)
+        del self._live[lease.start]
+        self._in_use -= lease.length
+        self._insert_free(lease.start, lease.length)
+        self._lock.notify_all()
+
+    def _insert_free(self, start: int, length: int) -> None:
+        free = self._free
+        i = 0
+        while i < len(free) and free[i][0] < start:
+            i += 1
+        free.insert(i, (start, length))
+        if i + 1 < len(free) and free[i][0] + free[i][1] == free[i + 1][0]:
+            free[i] = (free[i][0], free[i][1] + free[i + 1][1])
+            del free[i + 1]
+        if i > 0 and free[i - 1][0] + free[i - 1][1] == free[i][0]:
+            free[i - 1] = (free[i - 1][0], free[i - 1][1] + free[i][1])
+            del free[i]
+
+    def statistics(self) -> ArenaStatistics:
+        """A consistent snapshot of the arena's use."""
+        with self._lock:
+            return ArenaStatistics(
+                size=self.size,
+                bytes_in_use=self._in_use,
+                peak_bytes=self._peak,
+                leases_outstanding=len(self._live),
+                leases_total=self._total,
+            )
+
+    def close(self) -> None:
+        """Drop the producer's fd and mapping (idempotent). Consumers keep their own mappings."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+        self.view.release()
+        try:
+            self._map.close()
+        except BufferError:
+            pass  # a caller still holds a view; the mapping goes when that view does
+        os.close(self.fd)
+
+
+def read_arena_header(buf: memoryview) -> tuple[bytes, int, int, int, str]:
+    """``(magic, layout version, producer pid, size, arena id)`` of a mapped arena."""
+    magic, version, pid, size, aid = _ARENA_FMT.unpack_from(buf, 0)
+    return magic, version, pid, size, aid.hex()
+
+
+def read_lease_header(buf: memoryview, start: int) -> tuple[bytes, int, int, int]:
+    """``(magic, generation, length, item count)`` of the lease at ``start``."""
+    magic, gen, length, n, _ = _LEASE_FMT.unpack_from(buf, start)
+    return magic, gen, length, n
