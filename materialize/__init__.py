@@ -1,5 +1,58 @@
-"""mmwire.materialize: the owner side: resize plans, deferral, owner assignment, pixels -> features."""
+"""mmwire.materialize: the owner side: resize plans, deferral, owner assignment, pixels -> features.
+
+General layout: ``_plan`` (the resize plan and spec), ``_grids`` (grid/token arithmetic),
+``_placeholders``, ``_defer`` (the producer's gate), ``_assign`` (vision-DP owners),
+``_bicubic`` (Pillow's BICUBIC tables and an exact numpy reference), ``_pipeline`` (the
+exact CPU pixel pipeline), ``_materializer`` (the owner rank's entry point).
+"""
 
 from mmwire.transport._errors import MaterializeError as MaterializeError
 
-__all__ = ["MaterializeError"]
+from ._assign import assign_owners as assign_owners
+from ._assign import owners_of as owners_of
+from ._bicubic import Coefficients as Coefficients
+from ._bicubic import bicubic_coefficients as bicubic_coefficients
+from ._bicubic import pass_order as pass_order
+from ._bicubic import resize_reference as resize_reference
+from ._defer import should_defer as should_defer
+from ._grids import patches_per_item as patches_per_item
+from ._grids import split_by_tokens as split_by_tokens
+from ._grids import tokens_per_item as tokens_per_item
+from ._materializer import MaterializedBatch as MaterializedBatch
+from ._materializer import Materializer as Materializer
+from ._materializer import PayloadSource as PayloadSource
+from ._pipeline import ProcessorConfig as ProcessorConfig
+from ._pipeline import normalise_table as normalise_table
+from ._pipeline import preprocess_images as preprocess_images
+from ._pipeline import to_pixels as to_pixels
+from ._placeholders import expand_placeholders as expand_placeholders
+from ._placeholders import k3_media_prompt as k3_media_prompt
+from ._plan import K3_BACKGROUND as K3_BACKGROUND
+from ._plan import plan_resize as plan_resize
+from ._plan import spec_for as spec_for
+
+__all__ = [
+    "K3_BACKGROUND",
+    "Coefficients",
+    "MaterializeError",
+    "MaterializedBatch",
+    "Materializer",
+    "PayloadSource",
+    "ProcessorConfig",
+    "assign_owners",
+    "bicubic_coefficients",
+    "expand_placeholders",
+    "k3_media_prompt",
+    "normalise_table",
+    "owners_of",
+    "pass_order",
+    "patches_per_item",
+    "plan_resize",
+    "preprocess_images",
+    "resize_reference",
+    "should_defer",
+    "spec_for",
+    "split_by_tokens",
+    "to_pixels",
+    "tokens_per_item",
+]

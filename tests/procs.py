@@ -83,3 +83,29 @@ def producer_then_die(q: Any) -> None:
 
 
 __all__ = ["GlobalIndex"]
+
+
+def materialize_rank(
+    rank: int, ranks: int, endpoint: str, handover: str, limit: int, q: Any
+) -> None:
+    """A scheduler rank: receive one batch, materialise its own items, report the bytes."""
+    from mmwire.materialize import Materializer, assign_owners
+
+    c = CpuConsumer(rank, endpoint, handover=handover)
+    try:
+        with c.recv(timeout=60) as b:
+            counts = [b.envelopes[g].grid.patches for g in b.envelopes.indices()]
+            my_map = assign_owners(counts, ranks)[rank]  # every rank computes it alone
+            out = Materializer(rank).materialize(b, my_map)
+            q.put(
+                (
+                    "result",
+                    rank,
+                    [g.value for g in my_map.globals],
+                    out.pixel_values.numpy().tobytes(),
+                    out.grid_thw.tolist(),
+                )
+            )
+        time.sleep(0.5)
+    finally:
+        c.close()

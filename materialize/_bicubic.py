@@ -1,0 +1,166 @@
+"""Pillow's BICUBIC resize, exactly: coefficient tables (Q22) and a numpy reference.
+
+The tables are what the CUDA kernels upload; :func:`resize_reference` is an independent,
+vectorised re-implementation tested ``==`` against Pillow. The CPU pipeline itself calls
+Pillow (exact by definition, and it releases the GIL).
+
+Facts (Pillow ``Resample.c``): Keys cubic with a = -0.5, support 2 widened by the
+downscale factor, taps outside the image dropped and the rest renormalised by their
+sequential sum, weights rounded half away from zero to int32 with 22 fractional bits,
+``acc = 2^21 + Σ px·k`` in int32, ``clamp(acc >> 22, 0, 255)``, a uint8 image between the
+two passes, and RGBA through premultiplied alpha.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Literal
+
+import numpy as np
+import PIL
+
+__all__ = ["Coefficients", "bicubic_coefficients", "pass_order", "resize_reference"]
+
+PRECISION_BITS = 22
+
+
+def _cubic(x: float) -> float:
+    a = -0.5
+    x = abs(x)
+    if x < 1.0:
+        return ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0
+    if x < 2.0:
+        return (((x - 5.0) * x + 8.0) * x - 4.0) * a
+    return 0.0
+
+
+@dataclass(frozen=True)
+class Coefficients:
+    """One axis: output ``i`` reads ``n[i]`` inputs from ``xmin[i]`` with weights ``k[i, :n[i]]``."""
+
+    xmin: np.ndarray[Any, np.dtype[np.int32]]
+    n: np.ndarray[Any, np.dtype[np.int32]]
+    k: np.ndarray[Any, np.dtype[np.int32]]
+
+    @property
+    def ksize(self) -> int:
+        """Row stride of ``k`` (taps are zero beyond ``n``)."""
+        return int(self.k.shape[1])
+
+
+@lru_cache(maxsize=256)
+def bicubic_coefficients(in_size: int, out_size: int) -> Coefficients:
+    """Pillow's ``precompute_coeffs`` for the full box, converted to Q22 int32 (cached)."""
+    in0, in1 = 0.0, float(np.float32(in_size))
+    scale = float(np.float32(in1 - in0)) / out_size
+    filterscale = max(scale, 1.0)
+    support = 2.0 * filterscale
+    ksize = int(math.ceil(support)) * 2 + 1
+    inv_fs = 1.0 / filterscale
+    xmin = np.zeros(out_size, np.int32)
+    n = np.zeros(out_size, np.int32)
+    k = np.zeros((out_size, ksize), np.int32)
+    for xx in range(out_size):
+        center = in0 + (xx + 0.5) * scale
+        lo = max(0, int(center - support + 0.5))
+        hi = min(in_size, int(center + support + 0.5))
+        count = hi - lo
+        w = [_cubic((x + lo - center + 0.5) * inv_fs) for x in range(count)]
+        ww = 0.0
+        for v in w:  # strictly sequential, as Pillow (np.sum would pair-sum)
+            ww += v
+        if ww != 0.0:
+            w = [v / ww for v in w]
+        for t, v in enumerate(w):
+            scaled = v * (1 << PRECISION_BITS)
+            k[xx, t] = int(scaled - 0.5) if v < 0 else int(scaled + 0.5)
+        xmin[xx], n[xx] = lo, count
+    return Coefficients(xmin, n, k)
+
+
+def _pillow_version() -> tuple[int, int]:
+    major, minor = PIL.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
+def pass_order(
+    in_w: int, in_h: int, out_w: int, out_h: int, pillow: tuple[int, int] | None = None
+) -> Literal["h_first", "v_first"]:
+    """Which pass Pillow runs first for this resize, for the installed (or given) version.
+
+    Pillow >= 13.0: vertical first iff the height shrinks by more than twice the width
+    does. 12.2–12.3: vertical first for tall images (``H > 100·W``) that shrink in height.
+    Earlier: always horizontal first.
+    """
+    ver = pillow or _pillow_version()
+    if ver >= (13, 0):
+        dh, dw = in_h - out_h, in_w - out_w
+        return "v_first" if (dh > 0 and dh > 2 * dw) else "h_first"
+    if (12, 2) <= ver < (13, 0) and in_h > 100 * in_w and out_h < in_h:
+        return "v_first"
+    return "h_first"
+
+
+def _pass(src: np.ndarray[Any, Any], c: Coefficients, axis: int) -> np.ndarray[Any, Any]:
+    """One 8-bit pass along ``axis`` (1 = horizontal, 0 = vertical) of an (H, W, C) image."""
+    size = src.shape[axis]
+    acc = np.full(
+        (src.shape[0], len(c.n), src.shape[2])
+        if axis == 1
+        else (len(c.n), src.shape[1], src.shape[2]),
+        1 << (PRECISION_BITS - 1),
+        np.int32,
+    )
+    for t in range(c.ksize):
+        idx = np.minimum(c.xmin + t, size - 1)
+        w = np.where(t < c.n, c.k[:, t], 0).astype(np.int32)
+        taps = np.take(src, idx, axis=axis).astype(np.int32)
+        acc += taps * (w[None, :, None] if axis == 1 else w[:, None, None])
+    return np.clip(acc >> PRECISION_BITS, 0, 255).astype(np.uint8)
+
+
+def _premultiply(a: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    out = a.copy()
+    alpha = a[..., 3].astype(np.int32)
+    for ch in range(3):
+        t = a[..., ch].astype(np.int32) * alpha + 128
+        out[..., ch] = ((t >> 8) + t) >> 8
+    return out
+
+
+def _unpremultiply(a: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    out = a.copy()
+    alpha = a[..., 3].astype(np.int32)
+    partial = (alpha != 0) & (alpha != 255)
+    safe = np.where(partial, alpha, 1)
+    for ch in range(3):
+        c = a[..., ch].astype(np.int32)
+        out[..., ch] = np.where(partial, np.minimum(255, (255 * c) // safe), c)
+    return out
+
+
+def resize_reference(
+    img: np.ndarray[Any, Any], out_w: int, out_h: int, *, pillow: tuple[int, int] | None = None
+) -> np.ndarray[Any, Any]:
+    """Pillow BICUBIC resize of uint8 ``(H, W, C)`` (C = 1, 3 or 4 = RGBA), in numpy.
+
+    Bit-identical to ``Image.resize((out_w, out_h), BICUBIC)`` of the given Pillow version
+    (default: the installed one). Slow; used to check tables and kernels.
+    """
+    h, w, ch = img.shape
+    if (out_w, out_h) == (w, h):
+        return img.copy()
+    rgba = ch == 4
+    src = _premultiply(img) if rgba else img
+    cx = bicubic_coefficients(w, out_w)
+    cy = bicubic_coefficients(h, out_h)
+    need_h, need_v = out_w != w, out_h != h
+    if pass_order(w, h, out_w, out_h, pillow) == "h_first":
+        out = _pass(src, cx, 1) if need_h else src
+        out = _pass(out, cy, 0) if need_v else out
+    else:
+        out = _pass(src, cy, 0) if need_v else src
+        out = _pass(out, cx, 1) if need_h else out
+    return _unpremultiply(out) if rgba else out

@@ -1,0 +1,240 @@
+"""The pixel pipeline of one checkpoint, exact on the CPU: pixels -> ``(Σ patches, 3, p, p)``.
+
+Per image: channel rules -> Pillow BICUBIC resize (RGBA premultiplied, by Pillow itself) ->
+transparent background -> pad right/bottom with raw 0 -> normalise through a per-channel
+256-entry table computed in float64 and rounded once to the output dtype -> patchify
+(patches row-major over the grid, inside a patch channel, row, column).
+
+The background composite is defined here, in float32, with this operation order (the
+CUDA kernels reproduce it without FMA contraction)::
+
+    a   = float32(A) / 255            (then clamped to [0, 1])
+    out = floor(clamp(a*rgb + (1 - a)*bg, 0, 255))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import torch
+from mmwire.transport import Background, Grid, PreprocessSpec
+from mmwire.transport._errors import MaterializeError
+from PIL import Image
+
+from ._plan import spec_for
+
+__all__ = ["ProcessorConfig", "normalise_table", "preprocess_images", "to_pixels"]
+
+_SUPPORTED_MODES = {
+    "1",
+    "L",
+    "LA",
+    "La",
+    "P",
+    "PA",
+    "RGB",
+    "RGBA",
+    "RGBa",
+    "RGBX",
+    "CMYK",
+    "YCbCr",
+    "LAB",
+    "HSV",
+}
+
+
+@dataclass(frozen=True)
+class ProcessorConfig:
+    """A checkpoint's preprocessing configuration (defaults: K2.5)."""
+
+    patch_size: int = 14
+    merge_kernel_size: int = 2
+    in_patch_limit: int = 16384
+    patch_limit_on_one_side: int = 512
+    fixed_output_tokens: int | None = None
+    image_mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    image_std: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    background: Background | None = None
+    max_pixels: int = 178_956_970
+
+    def spec_for(self, width: int, height: int) -> PreprocessSpec:
+        """The preprocessing spec of one ``width x height`` image under this config."""
+        return spec_for(
+            width,
+            height,
+            patch_size=self.patch_size,
+            merge_kernel_size=self.merge_kernel_size,
+            in_patch_limit=self.in_patch_limit,
+            patch_limit_on_one_side=self.patch_limit_on_one_side,
+            fixed_output_tokens=self.fixed_output_tokens,
+            image_mean=self.image_mean,
+            image_std=self.image_std,
+            background=self.background,
+        )
+
+
+def to_pixels(image: Any, *, max_pixels: int = 178_956_970) -> np.ndarray[Any, Any]:
+    """uint8 ``(H, W, C)`` pixels with C = 3 (RGB), 4 (RGBA: alpha kept) or 1 (gray).
+
+    PIL images keep alpha iff their mode is not RGB and they have an A band or a
+    ``transparency`` entry; tensors/arrays are CHW or HW uint8 (HWC is taken when the last
+    axis is 1, 3 or 4 and the first is not). Raises ``MaterializeError`` for float pixels,
+    unsupported modes and images over ``max_pixels``.
+    """
+    if isinstance(image, Image.Image):
+        if image.mode not in _SUPPORTED_MODES:
+            raise MaterializeError(f"image mode `{image.mode}` is not supported (8-bit modes only)")
+        if image.width * image.height > max_pixels:
+            raise MaterializeError(
+                f"image {image.width}x{image.height} is over the pixel ceiling {max_pixels}"
+            )
+        alpha = image.mode != "RGB" and ("A" in image.getbands() or "transparency" in image.info)
+        if alpha:
+            image = image.convert("RGBA")
+        elif image.mode != "L":
+            image = image.convert("RGB")
+        arr = np.asarray(image)
+        return arr[:, :, None] if arr.ndim == 2 else arr
+    if isinstance(image, torch.Tensor):
+        if image.dtype != torch.uint8:
+            raise MaterializeError(
+                f"pixels must be uint8, got a {image.dtype} tensor (normalisation folds in 1/255, "
+                "so float pixels are a caller bug)"
+            )
+        image = image.detach().cpu().numpy()
+    if not isinstance(image, np.ndarray):
+        raise MaterializeError(
+            f"cannot preprocess {type(image).__name__}: give a PIL image or uint8 pixels"
+        )
+    if image.dtype != np.uint8:
+        raise MaterializeError(f"pixels must be uint8, got {image.dtype}")
+    if image.ndim == 2:
+        arr = image[:, :, None]
+    elif image.ndim == 3 and image.shape[0] in (1, 3, 4) and image.shape[2] not in (1, 3, 4):
+        arr = np.moveaxis(image, 0, -1)
+    elif image.ndim == 3 and image.shape[2] in (1, 3, 4):
+        arr = image
+    else:
+        raise MaterializeError(
+            f"pixels must be HW, CHW or HWC with 1/3/4 channels, got {list(image.shape)}"
+        )
+    if arr.shape[0] * arr.shape[1] > max_pixels:
+        raise MaterializeError(
+            f"image {arr.shape[1]}x{arr.shape[0]} is over the pixel ceiling {max_pixels}"
+        )
+    return np.ascontiguousarray(arr)
+
+
+@lru_cache(maxsize=64)
+def _table64(
+    mean: tuple[float, float, float], std: tuple[float, float, float]
+) -> np.ndarray[Any, Any]:
+    v = np.arange(256, dtype=np.float64)
+    return np.stack([(v / 255.0 - mean[c]) / std[c] for c in range(3)])
+
+
+def normalise_table(spec: PreprocessSpec, dtype: torch.dtype) -> torch.Tensor:
+    """``(3, 256)`` table of ``(v/255 - mean[c]) / std[c]`` in float64, rounded once to ``dtype``."""
+    return torch.from_numpy(_table64(spec.image_mean, spec.image_std)).to(dtype)
+
+
+def _resize(pixels: np.ndarray[Any, Any], new_w: int, new_h: int) -> np.ndarray[Any, Any]:
+    h, w, ch = pixels.shape
+    if (w, h) == (new_w, new_h):
+        return pixels
+    mode = {1: "L", 3: "RGB", 4: "RGBA"}[ch]
+    im = Image.fromarray(pixels[:, :, 0] if ch == 1 else pixels, mode)
+    out = np.asarray(im.resize((new_w, new_h), Image.Resampling.BICUBIC))
+    return out[:, :, None] if out.ndim == 2 else out
+
+
+def _composite(rgba: np.ndarray[Any, Any], bg: Background | None) -> np.ndarray[Any, Any]:
+    """RGBA -> RGB: drop alpha (no background) or composite over the background."""
+    rgb = rgba[:, :, :3]
+    if bg is None:
+        return rgb
+    h, w, _ = rgba.shape
+    if bg.pattern == "chessboard":
+        iy = (np.arange(h) // bg.square)[:, None]
+        ix = (np.arange(w) // bg.square)[None, :]
+        parity = (iy + ix) % 2
+        white_cells = parity == (0 if bg.top_left_white else 1)
+        fill = np.where(white_cells, np.float32(bg.white), np.float32(bg.gray))[:, :, None]
+    else:
+        level = {"white": 255, "gray": 128, "black": 0}[bg.pattern]
+        fill = np.full((h, w, 1), level, np.float32)
+    a = np.clip(
+        rgba[:, :, 3:4].astype(np.float32) / np.float32(255.0), np.float32(0), np.float32(1)
+    )
+    mixed = a * rgb.astype(np.float32) + (np.float32(1) - a) * fill
+    return np.floor(np.clip(mixed, np.float32(0), np.float32(255))).astype(np.uint8)
+
+
+def canvas_of(pixels: np.ndarray[Any, Any], spec: PreprocessSpec) -> np.ndarray[Any, Any]:
+    """Resized, composited, zero-padded uint8 ``(3, H', W')`` canvas of one image."""
+    plan = spec.plan
+    resized = _resize(pixels, plan.new_width, plan.new_height)
+    ch = resized.shape[2]
+    rgb = _composite(resized, spec.background) if ch == 4 else resized
+    canvas = np.zeros((3, plan.padded_height, plan.padded_width), np.uint8)
+    src = np.moveaxis(rgb, -1, 0)
+    canvas[:, : plan.new_height, : plan.new_width] = src  # 1 channel broadcasts to 3
+    return canvas
+
+
+def patchify_into(
+    out: torch.Tensor, canvas: np.ndarray[Any, Any], spec: PreprocessSpec, table: torch.Tensor
+) -> None:
+    """Write the normalised patches of a uint8 canvas into ``out`` ``(patches, 3, p, p)``."""
+    p = spec.patch_size
+    _, hh, ww = canvas.shape
+    gh, gw = hh // p, ww // p
+    patches = canvas.reshape(3, gh, p, gw, p).transpose(1, 3, 0, 2, 4)  # (gh, gw, 3, p, p) u8
+    idx = torch.from_numpy(np.ascontiguousarray(patches).reshape(gh * gw, 3, p * p)).to(torch.int32)
+    for c in range(3):
+        out[:, c].view(gh * gw, p * p).copy_(table[c][idx[:, c]])
+
+
+def produce(pixels: np.ndarray[Any, Any], spec: PreprocessSpec, out: torch.Tensor) -> Grid:
+    """Run the pipeline for one image into ``out`` (``(patches, 3, p, p)`` rows); returns the grid."""
+    canvas = canvas_of(pixels, spec)
+    p = spec.patch_size
+    grid = Grid((1, canvas.shape[1] // p, canvas.shape[2] // p))
+    if out.shape[0] != grid.patches:
+        raise MaterializeError(f"output has {out.shape[0]} rows, the image needs {grid.patches}")
+    patchify_into(out, canvas, spec, normalise_table(spec, out.dtype))
+    return grid
+
+
+def preprocess_images(
+    images: Sequence[Any],
+    config: ProcessorConfig | None = None,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The whole pipeline for a list of images: ``(pixel_values, grid_thw)``.
+
+    ``pixel_values`` is ``(Σ patches, 3, p, p)`` in ``dtype``, allocated once, images
+    concatenated in order; ``grid_thw`` is ``(N, 3)`` int64. The producer's eager path and
+    the owner's deferred path both run this, so they agree bit for bit. A non-CPU
+    ``device`` runs on the CPU and uploads the result once (the CUDA kernels are ``#6``).
+    """
+    cfg = config or ProcessorConfig()
+    pixels = [to_pixels(im, max_pixels=cfg.max_pixels) for im in images]
+    specs = [cfg.spec_for(px.shape[1], px.shape[0]) for px in pixels]
+    p = cfg.patch_size
+    total = sum(s.plan.grid.patches for s in specs)
+    out = torch.empty((total, 3, p, p), dtype=dtype)
+    grids = torch.empty((len(specs), 3), dtype=torch.int64)
+    row = 0
+    for i, (px, spec) in enumerate(zip(pixels, specs)):
+        n = spec.plan.grid.patches
+        grid = produce(px, spec, out[row : row + n])
+        grids[i] = torch.tensor(grid.thw)
+        row += n
+    return out.to(device), grids.to(device)
