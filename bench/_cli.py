@@ -1,13 +1,75 @@
-"""``mmwire-bench``: entry point of the benchmark harness."""
+"""mmwire-bench: peers' ways of moving and preparing features, and mmwire's, side by side.
+
+With no command it runs the demo (a tokenizer and two scheduler ranks on this host, no GPU).
+Results go to bench/results/<date>-<name>/ (JSON with every sample, the table, a plot) and
+bench/RESULTS.md is regenerated from them.
+"""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from pathlib import Path
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse arguments and run the chosen benchmark."""
-    parser = argparse.ArgumentParser(prog="mmwire-bench", description=__doc__)
-    parser.parse_args(argv)
+    parser = argparse.ArgumentParser(
+        prog="mmwire-bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="results folder (default: bench/results under the current directory)",
+    )
+    sub = parser.add_subparsers(dest="command")
+    demo = sub.add_parser("demo", help="the README demo (default)")
+    demo.add_argument("--ranks", type=int, default=2)
+    tr = sub.add_parser("transport", help="payload sizes x consumers x methods")
+    tr.add_argument(
+        "--sizes",
+        default="64K,1M,16M,64M,256M",
+        help="comma-separated payload sizes (K/M suffixes)",
+    )
+    tr.add_argument("--consumers", default="1,2,4", help="comma-separated rank counts")
+    tr.add_argument("--methods", default="mmwire,pickle,oob,segment,tmp_queue")
+    tr.add_argument("--seconds", type=float, default=2.0, help="time budget per cell")
+    pre = sub.add_parser("preprocess", help="CPU preprocessing vs the reference processor's way")
+    pre.add_argument("--threads", type=int, default=2)
+    for name in ("pipeline", "kernels", "gpu-transport"):
+        sub.add_parser(name, help="not available yet: see the open issues")
+    args = parser.parse_args(argv)
+    command = args.command or "demo"
+    if command == "demo":
+        from ._demo import run_demo
+
+        run_demo(ranks=getattr(args, "ranks", 2), out_dir=args.out)
+    elif command == "transport":
+        from ._transport import run_transport
+
+        run_transport(
+            _sizes(args.sizes),
+            [int(c) for c in args.consumers.split(",")],
+            args.methods.split(","),
+            args.seconds,
+            out_dir=args.out,
+        )
+    elif command == "preprocess":
+        from ._preprocess import run_preprocess
+
+        run_preprocess(threads=args.threads, out_dir=args.out)
+    else:
+        parser.exit(2, f"mmwire-bench {command}: not implemented yet in this version\n")
     return 0
+
+
+def _sizes(text: str) -> list[int]:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    out = []
+    for part in text.split(","):
+        part = part.strip().upper()
+        out.append(int(part[:-1]) * units[part[-1]] if part[-1] in units else int(part))
+    return out

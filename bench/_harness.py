@@ -1,0 +1,65 @@
+"""Spawning scheduler ranks and collecting their reports, shared by every benchmark."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import msgspec
+import zmq
+
+__all__ = ["Ranks"]
+
+
+class Ranks:
+    """N spawned rank processes running ``target(rank, *args, report)``, and their reports."""
+
+    def __init__(
+        self, target: Callable[..., None], n: int, args: Callable[[int], Sequence[Any]]
+    ) -> None:
+        self._dir = tempfile.mkdtemp(prefix="mmwire-bench-")
+        self.ctx: zmq.Context[Any] = zmq.Context()
+        self.sock = self.ctx.socket(zmq.PULL)
+        self.report = f"ipc://{self._dir}/report"
+        self.sock.bind(self.report)
+        spawn = mp.get_context("spawn")
+        self.procs = [
+            spawn.Process(target=target, args=(r, *args(r), self.report), daemon=True)
+            for r in range(n)
+        ]
+        for p in self.procs:
+            p.start()
+        self.wait("ready", n, timeout=120)
+
+    def wait(self, kind: str, count: int, timeout: float = 300) -> list[list[Any]]:
+        """``count`` reports of ``kind`` (``TimeoutError`` if a rank falls silent)."""
+        got: list[list[Any]] = []
+        deadline = time.monotonic() + timeout
+        while len(got) < count:
+            if not self.sock.poll(200):
+                dead = [p.exitcode for p in self.procs if p.exitcode not in (None, 0)]
+                if dead:
+                    raise RuntimeError(f"a benchmark rank died (exit codes {dead})")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"waited {timeout} s for {count} '{kind}' reports, got {len(got)}"
+                    )
+                continue
+            msg = msgspec.msgpack.decode(self.sock.recv())
+            if msg[0] == kind:
+                got.append(msg)
+        return got
+
+    def close(self) -> None:
+        """Join the ranks (they stop on a 'stop' request) and clean up."""
+        for p in self.procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+        self.sock.close(0)
+        self.ctx.term()
+        shutil.rmtree(self._dir, ignore_errors=True)

@@ -1,0 +1,333 @@
+"""``mmwire-bench transport``: publish -> every owner holds a usable tensor, per method.
+
+Methods (each reproduces one engine's path; see ``_workers.py``):
+
+* ``mmwire``: cpu arena, one write by the producer, only the owner (rank 0) opens a view;
+  the other ranks receive the envelope only.
+* ``pickle``: ``pickle.dumps`` of the tensor sent to every rank over zmq (engines' first way).
+* ``oob``: msgpack header + the tensor as an out-of-band zmq frame, ``copy=False`` (vLLM).
+* ``segment``: one ``/dev/shm`` segment per tensor, every rank clones it (SGLang cpu transport).
+* ``tmp_queue``: ``torch.multiprocessing`` queue per rank (shared-memory fd per put).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import pickle  # the peers' way, reproduced for comparison only
+import resource
+import secrets
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import torch
+import torch.multiprocessing as tmp
+import zmq
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from mmwire.transport import CpuProducer, Grid, Item
+
+from . import _workers
+from ._harness import Ranks
+from ._report import percentile, write_run
+
+
+def _cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    c = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime + c.ru_utime + c.ru_stime
+
+
+class _Method:
+    """Start ranks, send one payload, stop. ``copies`` = bytes copied per publish."""
+
+    name = ""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def send(self, rid: str, tensor: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def copies(self, nbytes: int) -> int:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class _Mmwire(_Method):
+    name = "mmwire"
+
+    def __init__(self, n: int, max_bytes: int) -> None:
+        super().__init__(n)
+        self.p = CpuProducer(arena_size=max(64 << 20, 3 * max_bytes + (16 << 20)), full_timeout=30)
+        self.ranks = Ranks(
+            _workers.mmwire_rank, n, lambda r: (n, self.p.endpoint, self.p.handover_path, False)
+        )
+        self.p.wait_for_consumers(range(n), 60)
+
+    def send(self, rid: str, tensor: torch.Tensor) -> None:
+        self.p.publish(
+            rid, [Item(data=tensor, consumers=(0,), kind="embedding", grid=Grid((1, 1)))]
+        )
+
+    def copies(self, nbytes: int) -> int:
+        return nbytes  # the producer's one write into the arena; the owner reads in place
+
+    def close(self) -> None:
+        self.p.publish(
+            "stop",
+            [Item(data=np.zeros(1, np.uint8), consumers=(0,), kind="embedding", grid=Grid((1, 1)))],
+        )
+        self.ranks.close()
+        self.p.close()
+
+
+class _ZmqFanout(_Method):
+    def __init__(self, n: int, target: Callable[..., None]) -> None:
+        super().__init__(n)
+        self.tmp = tempfile.mkdtemp(prefix="mmwire-bench-")
+        self.ctx: zmq.Context[Any] = zmq.Context()
+        eps = [f"ipc://{self.tmp}/{self.name}{r}" for r in range(n)]
+        self.socks = [self.ctx.socket(zmq.PUSH) for _ in range(n)]
+        for s, ep in zip(self.socks, eps):
+            s.bind(ep)
+        self.ranks = Ranks(target, n, lambda r: (eps[r],))
+
+    def close(self) -> None:
+        self.stop()
+        self.ranks.close()
+        for s in self.socks:
+            s.close(0)
+        self.ctx.term()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+
+class _Pickle(_ZmqFanout):
+    name = "pickle"
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n, _workers.pickle_rank)
+
+    def send(self, rid: str, tensor: torch.Tensor) -> None:
+        blob = pickle.dumps({"rid": rid, "tensor": tensor})
+        for s in self.socks:
+            s.send(blob)
+
+    def copies(self, nbytes: int) -> int:
+        return nbytes + 2 * nbytes * self.n  # dumps, then zmq copy + loads per rank
+
+    def stop(self) -> None:
+        for s in self.socks:
+            s.send(pickle.dumps({"rid": "stop"}))
+
+
+class _Oob(_ZmqFanout):
+    name = "oob"
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n, _workers.oob_rank)
+
+    def send(self, rid: str, tensor: torch.Tensor) -> None:
+        arr = tensor.numpy()
+        header = msgspec.msgpack.encode([rid, arr.dtype.str, list(arr.shape)])
+        for s in self.socks:
+            s.send_multipart([header, arr.data], copy=False)
+
+    def copies(self, nbytes: int) -> int:
+        return nbytes * self.n  # ipc transport: kernel copy into each rank's buffer
+
+    def stop(self) -> None:
+        for s in self.socks:
+            s.send_multipart([msgspec.msgpack.encode(["stop", "|u1", [1]]), b"\0"])
+
+
+class _Segment(_ZmqFanout):
+    name = "segment"
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n, _workers.segment_rank)
+        self.live: list[str] = []
+
+    def send(self, rid: str, tensor: torch.Tensor) -> None:
+        arr = tensor.numpy()
+        name = f"mmwire_bench_{os.getpid()}_{secrets.token_hex(4)}"
+        fd = os.open(f"/dev/shm/{name}", os.O_CREAT | os.O_RDWR, 0o600)
+        os.ftruncate(fd, arr.nbytes)
+        os.posix_fallocate(fd, 0, arr.nbytes)
+        with mmap.mmap(fd, arr.nbytes) as m:
+            np.frombuffer(m, dtype=arr.dtype).reshape(arr.shape)[...] = arr
+        os.close(fd)
+        msg = msgspec.msgpack.encode([rid, name, arr.dtype.str, list(arr.shape), arr.nbytes])
+        for s in self.socks:
+            s.send(msg)
+        self.live.append(name)
+
+    def done(self) -> None:
+        for name in self.live:  # after every rank cloned it ("first reader unlinks")
+            os.unlink(f"/dev/shm/{name}")
+        self.live.clear()
+
+    def copies(self, nbytes: int) -> int:
+        return nbytes * (1 + self.n)
+
+    def stop(self) -> None:
+        for s in self.socks:
+            s.send(msgspec.msgpack.encode(["stop", "", "", [], 0]))
+
+
+class _TmpQueue(_Method):
+    name = "tmp_queue"
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n)
+        ctx = tmp.get_context("spawn")
+        self.queues = [ctx.Queue() for _ in range(n)]
+        self.ranks = Ranks(_workers.tmp_queue_rank, n, lambda r: (self.queues[r],))
+
+    def send(self, rid: str, tensor: torch.Tensor) -> None:
+        shared = tensor.clone().share_memory_()  # type: ignore[no-untyped-call]  # one shm copy
+        for q in self.queues:
+            q.put((rid, shared))
+
+    def copies(self, nbytes: int) -> int:
+        return nbytes
+
+    def close(self) -> None:
+        for q in self.queues:
+            q.put(("stop", None))
+        self.ranks.close()
+
+
+def _make(name: str, n: int, max_bytes: int) -> _Method:
+    if name == "mmwire":
+        return _Mmwire(n, max_bytes)
+    return {"pickle": _Pickle, "oob": _Oob, "segment": _Segment, "tmp_queue": _TmpQueue}[name](n)
+
+
+def run_transport(
+    sizes: list[int],
+    consumers: list[int],
+    methods: list[str],
+    seconds: float,
+    out_dir: Path | None = None,
+    console: Console | None = None,
+) -> Path:
+    """Every method x size x rank count; latency p50/p99, throughput, copies, CPU time."""
+    console = console or Console()
+    samples: list[dict[str, Any]] = []
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task("transport", total=len(methods) * len(consumers) * len(sizes))
+        for n in consumers:
+            for name in methods:
+                method = _make(name, n, max(sizes))
+                try:
+                    for size in sizes:
+                        bar.update(task, description=f"{name} x{n} {size >> 10} KiB")
+                        tensor = torch.from_numpy(
+                            np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8)
+                        )
+                        lat: list[float] = []
+                        cpu0, wall0 = _cpu_s(), time.perf_counter()
+                        reps = 0
+                        while reps < 3 or (time.perf_counter() - wall0 < seconds and reps < 200):
+                            t0 = time.perf_counter()
+                            method.send(f"{reps}", tensor)
+                            done = method.ranks.wait("done", n)  # type: ignore[attr-defined]
+                            lat.append(max(d[3] for d in done) - t0)
+                            if isinstance(method, _Segment):
+                                method.done()
+                            reps += 1
+                        wall = time.perf_counter() - wall0
+                        samples.append(
+                            {
+                                "method": name,
+                                "consumers": n,
+                                "bytes": size,
+                                "latency_s": lat,
+                                "throughput_GBps": size * reps / wall / 1e9,
+                                "copied_bytes": method.copies(size),
+                                "cpu_s_per_publish": (_cpu_s() - cpu0) / reps,
+                            }
+                        )
+                        bar.advance(task)
+                finally:
+                    method.close()
+    table = Table(title="publish -> every owner holds a usable tensor (p50 / p99 ms)")
+    for col in ("ranks", "size", *methods, *(f"{m}/mmwire" for m in methods if m != "mmwire")):
+        table.add_column(col, justify="right")
+    for n in consumers:
+        for size in sizes:
+            cells = {s["method"]: s for s in samples if s["consumers"] == n and s["bytes"] == size}
+            p50 = {m: percentile(c["latency_s"], 50) * 1e3 for m, c in cells.items()}
+            p99 = {m: percentile(c["latency_s"], 99) * 1e3 for m, c in cells.items()}
+            ratios = [
+                f"{p50[m] / p50['mmwire']:.1f}x" if "mmwire" in p50 and m in p50 else "-"
+                for m in methods
+                if m != "mmwire"
+            ]
+            table.add_row(
+                str(n),
+                _size(size),
+                *[f"{p50[m]:.2f} / {p99[m]:.2f}" if m in p50 else "-" for m in methods],
+                *ratios,
+            )
+    console.print(table)
+    folder = write_run(
+        "transport",
+        {
+            "kind": "transport",
+            "samples": samples,
+            "notes": [
+                "owner = rank 0; mmwire's other ranks receive the envelope only, peers send the payload to every rank",
+                "copied_bytes is the model of each path's copies per publish, not a measurement",
+            ],
+        },
+        table,
+        plot=lambda path: _plot(samples, methods, path),
+        out_dir=out_dir,
+    )
+    console.print(f"results written to {folder}")
+    return folder
+
+
+def _size(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
+
+
+def _plot(samples: list[dict[str, Any]], methods: list[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ranks = sorted({s["consumers"] for s in samples})
+    fig, axes = plt.subplots(1, len(ranks), figsize=(5 * len(ranks), 4), squeeze=False)
+    for ax, n in zip(axes[0], ranks):
+        for m in methods:
+            pts = sorted(
+                (s["bytes"], percentile(s["latency_s"], 50) * 1e3)
+                for s in samples
+                if s["method"] == m and s["consumers"] == n
+            )
+            if pts:
+                ax.loglog([p[0] for p in pts], [p[1] for p in pts], marker="o", label=m)
+        ax.set_title(f"{n} ranks")
+        ax.set_xlabel("payload bytes")
+        ax.set_ylabel("p50 ms")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
