@@ -39,6 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     tr.add_argument("--seconds", type=float, default=2.0, help="time budget per cell")
     pre = sub.add_parser("preprocess", help="CPU preprocessing vs the reference processor's way")
     pre.add_argument("--threads", type=int, default=2)
+    sub.add_parser("h2d", help="H2D from the arena, registered vs pageable (needs CUDA)")
     for name in ("pipeline", "kernels", "gpu-transport"):
         sub.add_parser(name, help="not available yet: see the open issues")
     args = parser.parse_args(argv)
@@ -61,6 +62,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ._preprocess import run_preprocess
 
         run_preprocess(threads=args.threads, out_dir=args.out)
+    elif command == "h2d":
+        from ._h2d import run_h2d
+
+        run_h2d(out_dir=args.out)
     else:
         parser.exit(2, f"mmwire-bench {command}: not implemented yet in this version\n")
     return 0

@@ -19,6 +19,8 @@ RESULTS_DIR = Path("bench") / "results"
 
 
 def _commit() -> str:
+    if os.environ.get("MMWIRE_COMMIT"):  # set where the tree travels without .git (GPU machine)
+        return os.environ["MMWIRE_COMMIT"]
     try:
         out = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"],
