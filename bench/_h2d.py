@@ -26,7 +26,7 @@ def _h2d(src: torch.Tensor, reps: int) -> list[float]:
     torch.cuda.synchronize()
     out = []
     for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         start.record()
         dst.copy_(src, non_blocking=True)
         end.record()

@@ -9,6 +9,8 @@ import numpy as np
 import torch
 from PIL import Image
 
+from mmwire.transport._pixels import keeps_alpha
+
 from ._plan import plan_resize
 
 __all__ = ["should_defer"]
@@ -17,8 +19,7 @@ __all__ = ["should_defer"]
 def _raw_geometry(image: Any) -> tuple[int, int, int] | None:
     """``(channels shipped, width, height)`` of a deferrable image, ``None`` if not deferrable."""
     if isinstance(image, Image.Image):
-        alpha = image.mode != "RGB" and ("A" in image.getbands() or "transparency" in image.info)
-        return (4 if alpha else 3), image.width, image.height
+        return (4 if keeps_alpha(image) else 3), image.width, image.height
     if isinstance(image, (torch.Tensor, np.ndarray)):
         if image.dtype not in (torch.uint8, np.uint8):
             return None

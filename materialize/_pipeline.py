@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from mmwire.transport import Background, Grid, PreprocessSpec
 from mmwire.transport._errors import MaterializeError
+from mmwire.transport._pixels import keeps_alpha
 from PIL import Image
 
 from ._plan import spec_for
@@ -92,8 +93,7 @@ def to_pixels(image: Any, *, max_pixels: int = 178_956_970) -> np.ndarray[Any, A
             raise MaterializeError(
                 f"image {image.width}x{image.height} is over the pixel ceiling {max_pixels}"
             )
-        alpha = image.mode != "RGB" and ("A" in image.getbands() or "transparency" in image.info)
-        if alpha:
+        if keeps_alpha(image):
             image = image.convert("RGBA")
         elif image.mode != "L":
             image = image.convert("RGB")

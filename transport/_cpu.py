@@ -86,6 +86,7 @@ from ._errors import (
 )
 from ._handover import HandoverServer, receive_arena
 from ._index import GlobalIndex, GlobalTable
+from ._pixels import keeps_alpha
 from ._schema import (
     DTYPES,
     SCHEMA_VERSION,
@@ -177,8 +178,7 @@ class ProducerStatistics:
 
 def _pixels_of_image(im: Image.Image) -> np.ndarray[Any, Any]:
     """uint8 (H, W, C) pixels by the processor's channel rule: RGBA iff alpha, L stays 1-channel."""
-    has_alpha = im.mode != "RGB" and ("A" in im.getbands() or "transparency" in im.info)
-    if has_alpha:
+    if keeps_alpha(im):
         im = im.convert("RGBA")
     elif im.mode not in ("RGB", "L"):
         im = im.convert("RGB")
