@@ -41,6 +41,9 @@ def consume(
         time.sleep(1.0)  # let the releases leave before closing
     except PeerGone as e:
         q.put(("peer-gone", rank, str(e)))
+    except Exception as e:
+        q.put(("error", rank, repr(e)))
+        raise
     finally:
         c.close()
 

@@ -40,21 +40,27 @@ def _raw_item(img: np.ndarray, owners: tuple[int, ...]) -> Item:  # type: ignore
     return Item(data=img, consumers=owners, preprocess=raw_spec(img.shape[1], img.shape[0]))
 
 
-_parked: dict[int, list[tuple]] = {}  # type: ignore[type-arg]
+class _Inbox:
+    """A child-process queue read by message kind; messages of other kinds wait their turn.
 
+    The parked messages belong to this inbox alone (keying them by ``id(queue)`` let a later
+    test's queue, reusing a freed id, read an earlier test's leftovers).
+    """
 
-def _get(q: Any, kind: str, timeout: float = 60) -> tuple:  # type: ignore[type-arg]
-    """The next message of ``kind`` from ``q``; messages of other kinds wait their turn."""
-    parked = _parked.setdefault(id(q), [])
-    for i, msg in enumerate(parked):
-        if msg[0] == kind:
-            return parked.pop(i)
-    deadline = time.monotonic() + timeout
-    while True:
-        msg = q.get(timeout=max(0.1, deadline - time.monotonic()))
-        if msg[0] == kind:
-            return msg  # type: ignore[no-any-return]
-        parked.append(msg)
+    def __init__(self) -> None:
+        self.q: Any = SPAWN.Queue()
+        self._parked: list[tuple] = []  # type: ignore[type-arg]
+
+    def get(self, kind: str, timeout: float = 60) -> tuple:  # type: ignore[type-arg]
+        for i, msg in enumerate(self._parked):
+            if msg[0] == kind:
+                return self._parked.pop(i)
+        deadline = time.monotonic() + timeout
+        while True:
+            msg = self.q.get(timeout=max(0.1, deadline - time.monotonic()))
+            if msg[0] == kind:
+                return msg  # type: ignore[no-any-return]
+            self._parked.append(msg)
 
 
 def _settle(p: CpuProducer, cond: Any, timeout: float = 20) -> None:
@@ -75,7 +81,8 @@ def pair() -> Iterator[tuple[CpuProducer, CpuConsumer]]:
 
 def test_four_ranks_read_their_items_byte_exact(rng: np.random.Generator) -> None:
     p = CpuProducer(arena_size=1 << 24)
-    q = SPAWN.Queue()
+    inbox = _Inbox()
+    q = inbox.q
     kids = [
         SPAWN.Process(target=procs.consume, args=(r, p.endpoint, p.handover_path, 2, q))
         for r in range(4)
@@ -91,7 +98,7 @@ def test_four_ranks_read_their_items_byte_exact(rng: np.random.Generator) -> Non
         p.publish("req-b", [_raw_item(images[0], (3,)), _raw_item(images[1], (0, 1))])
         per_rank: dict[int, list[tuple]] = {r: [] for r in range(4)}  # type: ignore[type-arg]
         for _ in range(8):
-            m = _get(q, "batch")
+            m = inbox.get("batch")
             per_rank[m[1]].append(m)
         first = {r: msgs[0] for r, msgs in per_rank.items()}
         for r in range(4):
@@ -106,7 +113,7 @@ def test_four_ranks_read_their_items_byte_exact(rng: np.random.Generator) -> Non
         assert first[3][3] == 0 and first[3][4] == 0, "a non-owner must never touch the arena"
         assert per_rank[3][1][2] == {0: hashlib.sha256(images[0].tobytes()).hexdigest()}
         for _ in range(4):
-            _get(q, "done")
+            inbox.get("done")
         _settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
         st = p.statistics().arena
         assert st.leases_outstanding == 0 and st.bytes_in_use == 0 and st.leases_total == 2
@@ -118,24 +125,29 @@ def test_four_ranks_read_their_items_byte_exact(rng: np.random.Generator) -> Non
 
 def test_killed_consumer_releases_its_leases(rng: np.random.Generator) -> None:
     p = CpuProducer(arena_size=1 << 22)
-    q = SPAWN.Queue()
-    holder = SPAWN.Process(target=procs.consume, args=(0, p.endpoint, p.handover_path, 1, q, True))
-    survivor = SPAWN.Process(target=procs.consume, args=(1, p.endpoint, p.handover_path, 2, q))
+    # Separate queues: a process killed right after a put can die holding its queue's
+    # write lock, which would then block every other writer of that queue.
+    holder_inbox, survivor_inbox = _Inbox(), _Inbox()
+    holder = SPAWN.Process(
+        target=procs.consume, args=(0, p.endpoint, p.handover_path, 1, holder_inbox.q, True)
+    )
+    survivor = SPAWN.Process(
+        target=procs.consume, args=(1, p.endpoint, p.handover_path, 2, survivor_inbox.q)
+    )
     try:
         holder.start()
         survivor.start()
         p.wait_for_consumers([0, 1], 60)
         img = rng.integers(0, 256, (30, 40, 3), dtype=np.uint8)
         p.publish("r1", [_raw_item(img, (0,)), _raw_item(img[:20], (1,))])
-        victim = _get(q, "batch")
-        if victim[1] != 0:
-            victim = _get(q, "batch")
+        victim = holder_inbox.get("batch")
+        survivor_inbox.get("batch")
         assert p.statistics().arena.leases_outstanding == 1
         os.kill(victim[5], signal.SIGKILL)
         _settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
         assert p.statistics().arena.bytes_in_use == 0
         p.publish("r2", [_raw_item(img[:10], (1,))])  # the survivor keeps working
-        assert _get(q, "done")[1] == 1
+        assert survivor_inbox.get("done")[1] == 1
     finally:
         holder.join(10)
         survivor.join(10)
@@ -144,16 +156,16 @@ def test_killed_consumer_releases_its_leases(rng: np.random.Generator) -> None:
 
 def test_killed_producer_leaves_nothing_and_consumers_get_an_error() -> None:
     shm_before = set(os.listdir("/dev/shm"))
-    q = SPAWN.Queue()
-    prod = SPAWN.Process(target=procs.producer_then_die, args=(q,))
+    prod_q, inbox = SPAWN.Queue(), _Inbox()  # separate queues, as in the test above
+    prod = SPAWN.Process(target=procs.producer_then_die, args=(prod_q,))
     prod.start()
-    endpoint, handover = q.get(timeout=60)
-    cons = SPAWN.Process(target=procs.wait_then_recv, args=(0, endpoint, handover, q))
+    endpoint, handover = prod_q.get(timeout=60)
+    cons = SPAWN.Process(target=procs.wait_then_recv, args=(0, endpoint, handover, inbox.q))
     cons.start()
-    _get(q, "joined")
+    inbox.get("joined")
     time.sleep(0.5)
     os.kill(prod.pid, signal.SIGKILL)  # type: ignore[arg-type]
-    msg = _get(q, "peer-gone", 30)
+    msg = inbox.get("peer-gone", 30)
     assert "producer went away" in msg[2]
     cons.join(10)
     prod.join(10)
@@ -262,7 +274,8 @@ def test_non_owner_cannot_open(pair: tuple[CpuProducer, CpuConsumer]) -> None:
 @pytest.mark.skipif(os.getuid() != 0, reason="needs root to run an intruder under another uid")
 def test_connection_from_another_uid_is_refused(tmp_path: Any) -> None:
     p = CpuProducer(arena_size=1 << 20)
-    q = SPAWN.Queue()
+    inbox = _Inbox()
+    q = inbox.q
     try:
         kid = SPAWN.Process(target=procs.intruder, args=(p.handover_path, q))
         kid.start()
@@ -276,6 +289,7 @@ def test_connection_from_another_uid_is_refused(tmp_path: Any) -> None:
         msg = q.get(timeout=60)
         kid.join(10)
         assert msg.startswith("HandoverRefused") and "uid 65534 is not in the allowed uids" in msg
+        assert p.statistics().handovers_refused == 1  # the first try never reached the socket
     finally:
         p.close()
 
