@@ -56,6 +56,8 @@ import os
 import secrets
 import struct
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ._errors import ArenaFull, ClosedResourceError
@@ -189,15 +191,17 @@ class Arena:
         return None
 
     def allocate(
-        self, item_sizes: list[int], consumers: set[int], timeout: float, drain: object = None
+        self,
+        item_sizes: list[int],
+        consumers: set[int],
+        timeout: float,
+        drain: Callable[[float], None] | None = None,
     ) -> Lease:
         """Like :meth:`try_allocate`, waiting up to ``timeout`` s for releases; ``ArenaFull`` after.
 
         ``drain`` (a callable taking a timeout) is called while waiting so the caller can
         process release messages that arrive on its own sockets.
         """
-        import time
-
         deadline = time.monotonic() + timeout
         while True:
             lease = self.try_allocate(item_sizes, consumers)
@@ -213,7 +217,7 @@ class Arena:
                     f"({st.leases_outstanding} leases awaiting release) after waiting {timeout:.3g} s; "
                     "raise `arena_size`, release leases sooner, or use on_full='inline'"
                 )
-            if callable(drain):
+            if drain is not None:
                 drain(min(remaining, 0.05))
             else:
                 with self._lock:
@@ -309,12 +313,6 @@ class Arena:
         except BufferError:
             pass  # a caller still holds a view; the mapping goes when that view does
         os.close(self.fd)
-
-
-def read_arena_header(buf: memoryview) -> tuple[bytes, int, int, int, str]:
-    """``(magic, layout version, producer pid, size, arena id)`` of a mapped arena."""
-    magic, version, pid, size, aid = _ARENA_FMT.unpack_from(buf, 0)
-    return magic, version, pid, size, aid.hex()
 
 
 def read_lease_header(buf: memoryview, start: int) -> tuple[bytes, int, int, int]:

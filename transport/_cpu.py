@@ -54,6 +54,7 @@ import shutil
 import socket
 import tempfile
 import threading
+import time
 import warnings
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
@@ -174,6 +175,8 @@ class ProducerStatistics:
     """Requests sent inline because the arena was full (``on_full='inline'``)."""
     sends_in_flight: int
     """Zero-copy sends to remote consumers not yet done."""
+    handovers_refused: int
+    """Processes refused the arena (credentials or a malformed handover)."""
 
 
 def _pixels_of_image(im: Image.Image) -> np.ndarray[Any, Any]:
@@ -362,8 +365,6 @@ class CpuProducer:
 
     def wait_for_consumers(self, ranks: Collection[int], timeout: float = 30.0) -> None:
         """Block until every rank in ``ranks`` has joined; ``TimeoutError`` otherwise."""
-        import time
-
         deadline = time.monotonic() + timeout
         while not set(ranks) <= set(self._routes):
             if time.monotonic() > deadline:
@@ -469,6 +470,7 @@ class CpuProducer:
             consumers=tuple(sorted(self._routes)),
             inline_fallbacks=self._inline_fallbacks,
             sends_in_flight=len(self._trackers),
+            handovers_refused=self.handover.refused,
         )
 
     def _check_open(self) -> None:
@@ -526,6 +528,7 @@ class _Mapping:
         self.map = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
         os.close(fd)
         self.view = memoryview(self.map)
+        self.address: int = np.frombuffer(self.map, dtype=np.uint8).ctypes.data
         self.registered = False
 
 
@@ -596,8 +599,6 @@ class CpuConsumer:
         receives the next batch.
         """
         self._check_open()
-        import time
-
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._sock.poll(100, zmq.POLLIN):
             if not self.producer_alive():
@@ -677,9 +678,8 @@ class CpuConsumer:
             return
         if not torch.cuda.is_available():
             raise BackendUnavailable("register_with_cuda needs a CUDA device; none is visible")
-        ptr = np.frombuffer(m.map, dtype=np.uint8).ctypes.data
         # cudaHostRegisterPortable | cudaHostRegisterReadOnly: the mapping is read-only.
-        err = torch.cuda.cudart().cudaHostRegister(ptr, m.size, 0x01 | 0x08)  # type: ignore[no-untyped-call]
+        err = torch.cuda.cudart().cudaHostRegister(m.address, m.size, 0x01 | 0x08)  # type: ignore[no-untyped-call]
         if int(err) != 0:
             raise BackendUnavailable(f"cudaHostRegister of the arena failed with error {int(err)}")
         m.registered = True
@@ -713,8 +713,7 @@ class CpuConsumer:
             self._handover_conn.close()
         if self._mapping is not None and self._mapping.registered:
             with contextlib.suppress(Exception):
-                ptr = np.frombuffer(self._mapping.map, np.uint8).ctypes.data
-                torch.cuda.cudart().cudaHostUnregister(ptr)  # type: ignore[no-untyped-call]
+                torch.cuda.cudart().cudaHostUnregister(self._mapping.address)  # type: ignore[no-untyped-call]
         self._mapping = None
 
     def __enter__(self) -> CpuConsumer:

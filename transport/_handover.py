@@ -102,17 +102,11 @@ class HandoverServer:
         self._listener.listen(64)
         self._conns: dict[socket.socket, int] = {}
         self._lock = threading.Lock()
-        self.refused = 0
+        self.refused = 0  # read by the producer's statistics()
         self._wake_r, self._wake_w = os.pipe()
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="mmwire-handover", daemon=True)
         self._thread.start()
-
-    @property
-    def consumers(self) -> list[int]:
-        """Ranks whose processes currently hold the arena."""
-        with self._lock:
-            return sorted(self._conns.values())
 
     def _run(self) -> None:
         while not self._closed:
@@ -242,7 +236,13 @@ def receive_arena(
     except OSError as e:
         conn.close()
         raise PeerGone(f"handover with the producer at {path!r} failed: {e}") from e
-    reply = _DEC.decode(msg)
+    try:
+        reply = _DEC.decode(msg)
+    except msgspec.MsgspecError as e:
+        for fd in fds:
+            os.close(fd)
+        conn.close()
+        raise PeerGone(f"the producer at {path!r} sent a malformed handover reply: {e}") from e
     if isinstance(reply, Refusal):
         for fd in fds:
             os.close(fd)
