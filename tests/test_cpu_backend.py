@@ -336,8 +336,15 @@ def test_cross_host_consumer_over_tcp(use_curve: bool, rng: np.random.Generator)
         curve_server_key=server.public if server else None,
         curve=client,
     )
+    local = CpuConsumer(  # rank 0 shares the host (and the arena) with the producer
+        0,
+        p.endpoint,
+        handover=p.handover_path,
+        curve_server_key=server.public if server else None,
+        curve=client,
+    )
     try:
-        p.wait_for_consumers([1], 10)
+        p.wait_for_consumers([0, 1], 10)
         big = rng.integers(0, 256, (512, 700, 3), dtype=np.uint8)  # above the copy threshold
         small = rng.integers(0, 256, (7, 9, 3), dtype=np.uint8)
         p.publish("x", [_raw_item(big, (1,)), _raw_item(small, (1,))])
@@ -346,6 +353,18 @@ def test_cross_host_consumer_over_tcp(use_curve: bool, rng: np.random.Generator)
             assert np.array_equal(b.open(GlobalIndex(0)), big)
             assert np.array_equal(b.open(GlobalIndex(1)), small)
         assert not remote.statistics().arena_mapped
+        # A remote rank gets the bytes of its own items only; the rest is metadata.
+        p.publish("y", [_raw_item(small, (0,)), _raw_item(big, (1,))])
+        with remote.recv(10) as b:
+            assert isinstance(b.envelopes[GlobalIndex(0)].payload, CpuRef)
+            assert isinstance(b.envelopes[GlobalIndex(1)].payload, InlineRef)
+            assert b.owned == (GlobalIndex(1),)
+            assert np.array_equal(b.open(GlobalIndex(1)), big)
+            with pytest.raises(NotAConsumer):
+                b.open(GlobalIndex(0))
+        local.recv(10).release()  # "x": nothing of rank 0's
+        with local.recv(10) as b:
+            assert np.array_equal(b.open(GlobalIndex(0)), small)
         _settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
         assert p.statistics().arena.bytes_in_use == 0
         if use_curve:  # a client without the key gets nothing
@@ -356,6 +375,7 @@ def test_cross_host_consumer_over_tcp(use_curve: bool, rng: np.random.Generator)
             finally:
                 stranger.close()
     finally:
+        local.close()
         remote.close()
         p.close()
 

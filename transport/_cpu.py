@@ -427,23 +427,31 @@ class CpuProducer:
     def _send(self, envs: list[FeatureEnvelope], start: int, generation: int) -> None:
         shared_frames = encode_batch(envs)
         for rank, (ident, shared) in list(self._routes.items()):
-            if shared:
+            owned = [] if shared else [k for k, e in enumerate(envs) if rank in e.consumers]
+            if not owned:  # same host, or a remote rank that only needs the metadata
                 self._sock.send_multipart([ident, *shared_frames], copy=False)
                 continue
-            # Another host: the arena slices go out as frames, zero-copy; the lease stays
-            # pending for this rank until zmq says the frames are sent.
-            inline_envs = [
-                msgspec.structs.replace(e, payload=InlineRef(frame=k)) for k, e in enumerate(envs)
+            # Another host: the slices of the items it owns go out as frames, zero-copy, and
+            # the lease stays pending for this rank until zmq says the frames are sent.
+            frame_of = {k: n for n, k in enumerate(owned)}
+            remote_envs = [
+                msgspec.structs.replace(e, payload=InlineRef(frame=frame_of[k]))
+                if k in frame_of
+                else e
+                for k, e in enumerate(envs)
             ]
-            frames = [
-                self.arena.view[e.payload.offset : e.payload.offset + e.payload.length]  # type: ignore[union-attr]
-                for e in envs
-            ]
+            frames = [self._arena_slice(envs[k]) for k in owned]
             tracker = self._sock.send_multipart(
-                [ident, *encode_batch(inline_envs, frames)], copy=False, track=True
+                [ident, *encode_batch(remote_envs, frames)], copy=False, track=True
             )
-            if tracker is not None and any(rank in e.consumers for e in envs):
+            if tracker is not None:
                 self._trackers.append((tracker, start, generation, rank))
+
+    def _arena_slice(self, env: FeatureEnvelope) -> memoryview:
+        ref = env.payload
+        if not isinstance(ref, CpuRef):
+            raise TypeError(f"item {env.index.value} is not in the arena")
+        return self.arena.view[ref.offset : ref.offset + ref.length]
 
     def _publish_inline(
         self, request_id: str, items: Sequence[Item], arrays: list[tuple[np.ndarray[Any, Any], str]]
