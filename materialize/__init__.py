@@ -21,13 +21,13 @@ from ._grids import tokens_per_item as tokens_per_item
 from ._materializer import MaterializedBatch as MaterializedBatch
 from ._materializer import Materializer as Materializer
 from ._materializer import PayloadSource as PayloadSource
-from ._pipeline import ProcessorConfig as ProcessorConfig
 from ._pipeline import normalise_table as normalise_table
 from ._pipeline import preprocess_images as preprocess_images
 from ._pipeline import to_pixels as to_pixels
 from ._placeholders import expand_placeholders as expand_placeholders
 from ._placeholders import k3_media_prompt as k3_media_prompt
 from ._plan import K3_BACKGROUND as K3_BACKGROUND
+from ._plan import ProcessorConfig as ProcessorConfig
 from ._plan import plan_resize as plan_resize
 from ._plan import spec_for as spec_for
 

@@ -7,9 +7,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image
-
 from mmwire.transport._pixels import keeps_alpha
+from PIL import Image
 
 from ._plan import plan_resize
 

@@ -15,7 +15,6 @@ CUDA kernels reproduce it without FMA contraction)::
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -26,9 +25,9 @@ from mmwire.transport._errors import MaterializeError
 from mmwire.transport._pixels import keeps_alpha
 from PIL import Image
 
-from ._plan import spec_for
+from ._plan import ProcessorConfig
 
-__all__ = ["ProcessorConfig", "normalise_table", "preprocess_images", "to_pixels"]
+__all__ = ["normalise_table", "preprocess_images", "to_pixels"]
 
 _SUPPORTED_MODES = {
     "1",
@@ -46,36 +45,6 @@ _SUPPORTED_MODES = {
     "LAB",
     "HSV",
 }
-
-
-@dataclass(frozen=True)
-class ProcessorConfig:
-    """A checkpoint's preprocessing configuration (defaults: K2.5)."""
-
-    patch_size: int = 14
-    merge_kernel_size: int = 2
-    in_patch_limit: int = 16384
-    patch_limit_on_one_side: int = 512
-    fixed_output_tokens: int | None = None
-    image_mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
-    image_std: tuple[float, float, float] = (0.5, 0.5, 0.5)
-    background: Background | None = None
-    max_pixels: int = 178_956_970
-
-    def spec_for(self, width: int, height: int) -> PreprocessSpec:
-        """The preprocessing spec of one ``width x height`` image under this config."""
-        return spec_for(
-            width,
-            height,
-            patch_size=self.patch_size,
-            merge_kernel_size=self.merge_kernel_size,
-            in_patch_limit=self.in_patch_limit,
-            patch_limit_on_one_side=self.patch_limit_on_one_side,
-            fixed_output_tokens=self.fixed_output_tokens,
-            image_mean=self.image_mean,
-            image_std=self.image_std,
-            background=self.background,
-        )
 
 
 def to_pixels(image: Any, *, max_pixels: int = 178_956_970) -> np.ndarray[Any, Any]:
@@ -129,17 +98,21 @@ def to_pixels(image: Any, *, max_pixels: int = 178_956_970) -> np.ndarray[Any, A
     return np.ascontiguousarray(arr)
 
 
-@lru_cache(maxsize=64)
-def _table64(
-    mean: tuple[float, float, float], std: tuple[float, float, float]
-) -> np.ndarray[Any, Any]:
-    v = np.arange(256, dtype=np.float64)
-    return np.stack([(v / 255.0 - mean[c]) / std[c] for c in range(3)])
-
-
 def normalise_table(spec: PreprocessSpec, dtype: torch.dtype) -> torch.Tensor:
-    """``(3, 256)`` table of ``(v/255 - mean[c]) / std[c]`` in float64, rounded once to ``dtype``."""
-    return torch.from_numpy(_table64(spec.image_mean, spec.image_std)).to(dtype)
+    """``(3, 256)`` table of ``(v/255 - mean[c]) / std[c]`` in float64, rounded once to ``dtype``.
+
+    Returns a fresh tensor; the pipeline itself reuses a cached one per (mean, std, dtype).
+    """
+    return _table(spec.image_mean, spec.image_std, dtype).clone()
+
+
+@lru_cache(maxsize=64)
+def _table(
+    mean: tuple[float, float, float], std: tuple[float, float, float], dtype: torch.dtype
+) -> torch.Tensor:
+    v = np.arange(256, dtype=np.float64)
+    table64 = np.stack([(v / 255.0 - mean[c]) / std[c] for c in range(3)])
+    return torch.from_numpy(table64).to(dtype)
 
 
 def _resize(pixels: np.ndarray[Any, Any], new_w: int, new_h: int) -> np.ndarray[Any, Any]:
@@ -206,7 +179,7 @@ def produce(pixels: np.ndarray[Any, Any], spec: PreprocessSpec, out: torch.Tenso
     grid = Grid((1, canvas.shape[1] // p, canvas.shape[2] // p))
     if out.shape[0] != grid.patches:
         raise MaterializeError(f"output has {out.shape[0]} rows, the image needs {grid.patches}")
-    patchify_into(out, canvas, spec, normalise_table(spec, out.dtype))
+    patchify_into(out, canvas, spec, _table(spec.image_mean, spec.image_std, out.dtype))
     return grid
 
 

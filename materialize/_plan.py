@@ -1,12 +1,13 @@
-"""The NaViT resize plan: new size, padding, grid and token count of one image."""
+"""The NaViT resize plan of one image, and the checkpoint config that yields its spec."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from mmwire.transport import Background, Grid, PreprocessSpec, ResizePlan
 
-__all__ = ["K3_BACKGROUND", "plan_resize", "spec_for"]
+__all__ = ["K3_BACKGROUND", "ProcessorConfig", "plan_resize", "spec_for"]
 
 K3_BACKGROUND = Background(pattern="chessboard", square=8, top_left_white=True, white=255, gray=180)
 """The K3 checkpoints' transparent background: chessboard, square 8, white 255, gray 180."""
@@ -55,37 +56,48 @@ def plan_resize(
     )
 
 
-def spec_for(
-    width: int,
-    height: int,
-    *,
-    patch_size: int = 14,
-    merge_kernel_size: int = 2,
-    in_patch_limit: int = 16384,
-    patch_limit_on_one_side: int = 512,
-    fixed_output_tokens: int | None = None,
-    image_mean: tuple[float, float, float] = (0.5, 0.5, 0.5),
-    image_std: tuple[float, float, float] = (0.5, 0.5, 0.5),
-    background: Background | None = None,
-) -> PreprocessSpec:
-    """The full preprocessing spec of one image (K2.5 defaults; pass K3's values for K3).
+@dataclass(frozen=True)
+class ProcessorConfig:
+    """A checkpoint's preprocessing configuration (defaults: K2.5; K3 sets
+    ``in_patch_limit=65536, background=K3_BACKGROUND``)."""
 
-    Usable directly as ``Item(preprocess=spec_for)`` on the producer.
-    """
-    plan = plan_resize(
-        width,
-        height,
-        patch_size=patch_size,
-        merge_kernel_size=merge_kernel_size,
-        in_patch_limit=in_patch_limit,
-        patch_limit_on_one_side=patch_limit_on_one_side,
-        fixed_output_tokens=fixed_output_tokens,
-    )
-    return PreprocessSpec(
-        plan=plan,
-        image_mean=image_mean,
-        image_std=image_std,
-        background=background,
-        patch_size=patch_size,
-        merge_kernel=(merge_kernel_size, merge_kernel_size),
-    )
+    patch_size: int = 14
+    merge_kernel_size: int = 2
+    in_patch_limit: int = 16384
+    patch_limit_on_one_side: int = 512
+    fixed_output_tokens: int | None = None
+    image_mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    image_std: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    background: Background | None = None
+    max_pixels: int = 178_956_970
+
+    def spec_for(self, width: int, height: int) -> PreprocessSpec:
+        """The preprocessing spec of one ``width x height`` image under this config.
+
+        Usable as ``Item(preprocess=config.spec_for)`` on the producer.
+        """
+        plan = plan_resize(
+            width,
+            height,
+            patch_size=self.patch_size,
+            merge_kernel_size=self.merge_kernel_size,
+            in_patch_limit=self.in_patch_limit,
+            patch_limit_on_one_side=self.patch_limit_on_one_side,
+            fixed_output_tokens=self.fixed_output_tokens,
+        )
+        return PreprocessSpec(
+            plan=plan,
+            image_mean=self.image_mean,
+            image_std=self.image_std,
+            background=self.background,
+            patch_size=self.patch_size,
+            merge_kernel=(self.merge_kernel_size, self.merge_kernel_size),
+        )
+
+
+_DEFAULT = ProcessorConfig()
+
+
+def spec_for(width: int, height: int) -> PreprocessSpec:
+    """The spec of one image under the default (K2.5) config: ``Item(preprocess=spec_for)``."""
+    return _DEFAULT.spec_for(width, height)

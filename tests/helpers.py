@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from mmwire.materialize import spec_for
 from mmwire.transport import (
     SCHEMA_VERSION,
     CpuRef,
@@ -13,27 +14,13 @@ from mmwire.transport import (
     Grid,
     InlineRef,
     PreprocessSpec,
-    ResizePlan,
     TensorSpec,
 )
 
 
 def raw_spec(width: int, height: int) -> PreprocessSpec:
-    """A preprocess spec for an unresized image of ``width x height`` (p=14, m=2)."""
-    f = 28
-    pw, ph = (f - width % f) % f, (f - height % f) % f
-    grid = Grid((1, (height + ph) // 14, (width + pw) // 14))
-    plan = ResizePlan(
-        width=width,
-        height=height,
-        new_width=width,
-        new_height=height,
-        pad_width=pw,
-        pad_height=ph,
-        grid=grid,
-        tokens=grid.tokens(),
-    )
-    return PreprocessSpec(plan=plan)
+    """The default spec of a ``width x height`` image (the test images are never resized)."""
+    return spec_for(width, height)
 
 
 def raw_envelope(
