@@ -6,17 +6,17 @@ import pickle  # the peers' way, reproduced for comparison only
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import zmq
+from mmwire.materialize import ProcessorConfig, assign_owners, owners_of, preprocess_images
+from mmwire.transport import CpuProducer, Grid, Item
 from PIL import Image
 from rich.console import Console
 from rich.table import Table
-
-from mmwire.materialize import ProcessorConfig, assign_owners, owners_of, preprocess_images
-from mmwire.transport import CpuProducer, Grid, Item
 
 from . import _workers
 from ._harness import Ranks
@@ -53,33 +53,26 @@ def run_demo(ranks: int = 2, out_dir: Path | None = None, console: Console | Non
         ranks,
         lambda r: (ranks, producer.endpoint, producer.handover_path, True),
     )
-    rows: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = [
+        {"request": i, "images": [f"{im.width}x{im.height}" for im in imgs]}
+        for i, imgs in enumerate(requests)
+    ]
     try:
         producer.wait_for_consumers(range(ranks), 60)
-        for i, imgs in enumerate([requests[0], *requests]):  # the first is a warm-up
+
+        def deferred(rid: str, imgs: list[Image.Image]) -> tuple[float, int]:
             specs = [cfg.spec_for(im.width, im.height) for im in imgs]
-            owners = owners_of(
-                assign_owners([s.plan.grid.patches for s in specs], ranks), len(imgs)
-            )
+            maps = assign_owners([s.plan.grid.patches for s in specs], ranks)
+            items = [
+                Item(data=im, consumers=o, preprocess=cfg.spec_for)
+                for im, o in zip(imgs, owners_of(maps, len(imgs)))
+            ]
             t0 = time.perf_counter()
-            envs = producer.publish(
-                f"r{i - 1}",
-                [
-                    Item(data=im, consumers=o, preprocess=cfg.spec_for)
-                    for im, o in zip(imgs, owners)
-                ],
-            )
+            envs = producer.publish(rid, items)
             done = mm.wait("done", ranks)
-            if i == 0:
-                continue
-            rows.append(
-                {
-                    "request": i - 1,
-                    "images": [f"{im.width}x{im.height}" for im in imgs],
-                    "mmwire_ms": (max(d[3] for d in done) - t0) * 1e3,
-                    "mmwire_bytes": sum(e.tensor.nbytes for e in envs),
-                }
-            )
+            return (max(d[3] for d in done) - t0) * 1e3, sum(e.tensor.nbytes for e in envs)
+
+        _measure(rows, requests, deferred, "mmwire")
         producer.publish(
             "stop",
             [Item(data=np.zeros(1, np.uint8), consumers=(0,), kind="embedding", grid=Grid((1, 1)))],
@@ -96,18 +89,17 @@ def run_demo(ranks: int = 2, out_dir: Path | None = None, console: Console | Non
         s.bind(ep)
     pk = Ranks(_workers.pickle_rank, ranks, lambda r: (endpoints[r],))
     try:
-        for i, imgs in enumerate([requests[0], *requests]):  # the first is a warm-up
+
+        def eager(rid: str, imgs: list[Image.Image]) -> tuple[float, int]:
             t0 = time.perf_counter()
-            pixel_values, grids = preprocess_images(imgs, cfg)  # eager, on the producer
-            blob = pickle.dumps({"rid": f"r{i}", "tensor": pixel_values, "grids": grids})
+            pixel_values, grids = preprocess_images(imgs, cfg)  # on the producer
+            blob = pickle.dumps({"rid": rid, "tensor": pixel_values, "grids": grids})
             for s in pushes:
                 s.send(blob)
             done = pk.wait("done", ranks)
-            if i == 0:
-                continue
-            i -= 1
-            rows[i]["pickle_ms"] = (max(d[3] for d in done) - t0) * 1e3
-            rows[i]["pickle_bytes"] = len(blob) * ranks
+            return (max(d[3] for d in done) - t0) * 1e3, len(blob) * ranks
+
+        _measure(rows, requests, eager, "pickle")
         for s in pushes:
             s.send(pickle.dumps({"rid": "stop"}))
     finally:
@@ -157,6 +149,18 @@ def run_demo(ranks: int = 2, out_dir: Path | None = None, console: Console | Non
     )
     console.print(f"results written to {folder}")
     return folder
+
+
+def _measure(
+    rows: list[dict[str, Any]],
+    requests: list[list[Image.Image]],
+    run: Callable[[str, list[Image.Image]], tuple[float, int]],
+    path: str,
+) -> None:
+    """One unrecorded warm-up request, then every request once: ``<path>_ms``/``_bytes``."""
+    run("warm-up", requests[0])
+    for row, imgs in zip(rows, requests):
+        row[f"{path}_ms"], row[f"{path}_bytes"] = run(f"r{row['request']}", imgs)
 
 
 def _mib(n: int) -> str:

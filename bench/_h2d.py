@@ -12,10 +12,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from mmwire.transport import CpuConsumer, CpuProducer, GlobalIndex, Grid, Item
 from rich.console import Console
 from rich.table import Table
-
-from mmwire.transport import CpuConsumer, CpuProducer, GlobalIndex, Grid, Item
 
 from ._report import percentile, write_run
 
@@ -35,8 +34,12 @@ def _h2d(src: torch.Tensor, reps: int) -> list[float]:
     return out
 
 
-def run_h2d(sizes: list[int] | None = None, reps: int = 10, out_dir: Path | None = None,
-            console: Console | None = None) -> Path:
+def run_h2d(
+    sizes: list[int] | None = None,
+    reps: int = 10,
+    out_dir: Path | None = None,
+    console: Console | None = None,
+) -> Path:
     """GB/s of H2D copies from the arena unregistered, registered, and from a pinned tensor."""
     console = console or Console()
     if not torch.cuda.is_available():
@@ -55,33 +58,65 @@ def run_h2d(sizes: list[int] | None = None, reps: int = 10, out_dir: Path | None
                 t_register = time.perf_counter() - t0
             for size in sizes:
                 data = np.random.default_rng(1).integers(0, 256, size, dtype=np.uint8)
-                producer.publish("h2d", [Item(data=data, consumers=(0,), kind="embedding", grid=Grid((1, 1)))])
+                producer.publish(
+                    "h2d", [Item(data=data, consumers=(0,), kind="embedding", grid=Grid((1, 1)))]
+                )
                 with consumer.recv(10) as batch:
                     view = batch.open_tensor(GlobalIndex(0))
                     times = _h2d(view, reps)
                     back = torch.empty_like(view)
                     back.copy_(view.cuda())
                     exact = bool(torch.equal(back, view))
-                rows.append({"source": "arena registered" if registered else "arena pageable",
-                             "bytes": size, "seconds": times, "exact": exact})
+                rows.append(
+                    {
+                        "source": "arena registered" if registered else "arena pageable",
+                        "bytes": size,
+                        "seconds": times,
+                        "exact": exact,
+                    }
+                )
                 producer.poll(0.05)
         for size in sizes:
             pinned = torch.empty(size, dtype=torch.uint8).pin_memory()
-            rows.append({"source": "pinned tensor", "bytes": size, "seconds": _h2d(pinned, reps), "exact": True})
+            rows.append(
+                {
+                    "source": "pinned tensor",
+                    "bytes": size,
+                    "seconds": _h2d(pinned, reps),
+                    "exact": True,
+                }
+            )
     finally:
         consumer.close()
         producer.close()
-    table = Table(title=f"H2D from the mmwire arena (GB/s, p50; register took {t_register * 1e3:.0f} ms)")
+    table = Table(
+        title=f"H2D from the mmwire arena (GB/s, p50; register took {t_register * 1e3:.0f} ms)"
+    )
     for col in ("source", "size", "GB/s p50", "GB/s min", "bytes equal"):
         table.add_column(col, justify="right")
     for r in rows:
         gbps = [r["bytes"] / s / 1e9 for s in r["seconds"]]
-        table.add_row(r["source"], f"{r['bytes'] >> 20} MiB", f"{percentile(gbps, 50):.1f}",
-                      f"{min(gbps):.1f}", str(r["exact"]))
+        table.add_row(
+            r["source"],
+            f"{r['bytes'] >> 20} MiB",
+            f"{percentile(gbps, 50):.1f}",
+            f"{min(gbps):.1f}",
+            str(r["exact"]),
+        )
     console.print(table)
-    folder = write_run("h2d", {"kind": "h2d", "rows": rows, "register_seconds": t_register,
-                               "notes": ["cudaHostRegister(Portable|ReadOnly) of the consumer's read-only arena mapping"]},
-                       table, out_dir=out_dir)
+    folder = write_run(
+        "h2d",
+        {
+            "kind": "h2d",
+            "rows": rows,
+            "register_seconds": t_register,
+            "notes": [
+                "cudaHostRegister(Portable|ReadOnly) of the consumer's read-only arena mapping"
+            ],
+        },
+        table,
+        out_dir=out_dir,
+    )
     console.print(f"results written to {folder}")
     return folder
 

@@ -9,11 +9,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from mmwire.materialize import ProcessorConfig, plan_resize, preprocess_images
 from PIL import Image
 from rich.console import Console
 from rich.table import Table
-
-from mmwire.materialize import ProcessorConfig, plan_resize, preprocess_images
 
 from ._report import percentile, write_run
 

@@ -29,11 +29,10 @@ import numpy as np
 import torch
 import torch.multiprocessing as tmp
 import zmq
+from mmwire.transport import CpuProducer, Grid, Item
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
-
-from mmwire.transport import CpuProducer, Grid, Item
 
 from . import _workers
 from ._harness import Ranks
@@ -50,6 +49,7 @@ class _Method:
     """Start ranks, send one payload, stop. ``copies`` = bytes copied per publish."""
 
     name = ""
+    ranks: Ranks
 
     def __init__(self, n: int) -> None:
         self.n = n
@@ -59,6 +59,9 @@ class _Method:
 
     def copies(self, nbytes: int) -> int:
         raise NotImplementedError
+
+    def round_done(self) -> None:
+        """Called once every rank reported the payload usable."""
 
     def close(self) -> None:
         raise NotImplementedError
@@ -175,7 +178,7 @@ class _Segment(_ZmqFanout):
             s.send(msg)
         self.live.append(name)
 
-    def done(self) -> None:
+    def round_done(self) -> None:
         for name in self.live:  # after every rank cloned it ("first reader unlinks")
             os.unlink(f"/dev/shm/{name}")
         self.live.clear()
@@ -245,10 +248,9 @@ def run_transport(
                         while reps < 3 or (time.perf_counter() - wall0 < seconds and reps < 200):
                             t0 = time.perf_counter()
                             method.send(f"{reps}", tensor)
-                            done = method.ranks.wait("done", n)  # type: ignore[attr-defined]
+                            done = method.ranks.wait("done", n)
                             lat.append(max(d[3] for d in done) - t0)
-                            if isinstance(method, _Segment):
-                                method.done()
+                            method.round_done()
                             reps += 1
                         wall = time.perf_counter() - wall0
                         samples.append(

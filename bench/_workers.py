@@ -13,6 +13,8 @@ import mmap
 import os
 import pickle  # the peers' way, reproduced for comparison only
 import time
+import warnings
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -21,6 +23,7 @@ import torch
 import zmq
 
 _ENC = msgspec.msgpack.Encoder()
+_TORCH_DTYPES = {"|u1": torch.uint8, "<f4": torch.float32, "<f2": torch.float16, "<i8": torch.int64}
 
 
 def _reporter(report: str) -> tuple[zmq.Context[Any], zmq.Socket[Any]]:
@@ -71,68 +74,67 @@ def mmwire_rank(
         ctx.term()
 
 
-def pickle_rank(rank: int, endpoint: str, report: str) -> None:
-    """Pickle over zmq (what engines did first): every rank unpickles the whole request."""
+def _pull_rank(
+    rank: int,
+    endpoint: str,
+    report: str,
+    receive: Callable[[zmq.Socket[Any]], tuple[str, torch.Tensor | None]],
+) -> None:
+    """The loop every zmq-fed peer shares: receive its way until 'stop', report each tensor."""
     ctx, out = _reporter(report)
     sock = ctx.socket(zmq.PULL)
     sock.connect(endpoint)
     _say(out, "ready", rank, "", 0.0)
     while True:
-        obj = pickle.loads(sock.recv(copy=False).buffer)  # noqa: S301 - the peer path
-        if obj["rid"] == "stop":
+        rid, tensor = receive(sock)
+        if tensor is None:
             break
-        tensor = obj["tensor"]
-        _say(
-            out,
-            "done",
-            rank,
-            obj["rid"],
-            time.perf_counter(),
-            tensor.numel() * tensor.element_size(),
-        )
+        _say(out, "done", rank, rid, time.perf_counter(), tensor.numel() * tensor.element_size())
     sock.close(0)
     out.close(0)
     ctx.term()
+
+
+def _unpickle(sock: zmq.Socket[Any]) -> tuple[str, torch.Tensor | None]:
+    obj = pickle.loads(sock.recv(copy=False).buffer)
+    return obj["rid"], obj.get("tensor")
+
+
+def _oob(sock: zmq.Socket[Any]) -> tuple[str, torch.Tensor | None]:
+    header, frame = sock.recv_multipart(copy=False)
+    rid, dtype, shape = msgspec.msgpack.decode(header.buffer)
+    if rid == "stop":
+        return rid, None
+    with warnings.catch_warnings():  # the frame is read-only; vLLM wraps it without a copy
+        warnings.simplefilter("ignore", UserWarning)
+        tensor = torch.frombuffer(frame.buffer, dtype=torch.uint8)
+    return rid, tensor.view(_TORCH_DTYPES[dtype]).reshape(shape)
+
+
+def _clone_segment(sock: zmq.Socket[Any]) -> tuple[str, torch.Tensor | None]:
+    rid, name, dtype, shape, nbytes = msgspec.msgpack.decode(sock.recv())
+    if rid == "stop":
+        return rid, None
+    fd = os.open(f"/dev/shm/{name}", os.O_RDONLY)
+    with mmap.mmap(fd, nbytes, prot=mmap.PROT_READ) as m:
+        arr = np.frombuffer(m, dtype=np.dtype(dtype)).reshape(shape).copy()  # every rank clones
+    os.close(fd)
+    return rid, torch.from_numpy(arr)
+
+
+def pickle_rank(rank: int, endpoint: str, report: str) -> None:
+    """Pickle over zmq (what engines did first): every rank unpickles the whole request."""
+    _pull_rank(rank, endpoint, report, _unpickle)
 
 
 def oob_rank(rank: int, endpoint: str, report: str) -> None:
     """msgpack header + out-of-band frames without copying (vLLM's serial_utils way)."""
-    ctx, out = _reporter(report)
-    sock = ctx.socket(zmq.PULL)
-    sock.connect(endpoint)
-    _say(out, "ready", rank, "", 0.0)
-    while True:
-        header, frame = sock.recv_multipart(copy=False)
-        rid, dtype, shape = msgspec.msgpack.decode(header.buffer)
-        if rid == "stop":
-            break
-        arr = np.frombuffer(frame.buffer, dtype=np.dtype(dtype)).reshape(shape)
-        tensor = torch.from_numpy(arr.copy() if not arr.flags.writeable else arr)
-        _say(out, "done", rank, rid, time.perf_counter(), tensor.numel() * tensor.element_size())
-    sock.close(0)
-    out.close(0)
-    ctx.term()
+    _pull_rank(rank, endpoint, report, _oob)
 
 
 def segment_rank(rank: int, endpoint: str, report: str) -> None:
     """One /dev/shm segment per tensor, cloned by every rank (SGLang's cpu feature transport)."""
-    ctx, out = _reporter(report)
-    sock = ctx.socket(zmq.PULL)
-    sock.connect(endpoint)
-    _say(out, "ready", rank, "", 0.0)
-    while True:
-        rid, name, dtype, shape, nbytes = msgspec.msgpack.decode(sock.recv())
-        if rid == "stop":
-            break
-        fd = os.open(f"/dev/shm/{name}", os.O_RDONLY)
-        with mmap.mmap(fd, nbytes, prot=mmap.PROT_READ) as m:
-            arr = np.frombuffer(m, dtype=np.dtype(dtype)).reshape(shape).copy()  # every rank clones
-        os.close(fd)
-        tensor = torch.from_numpy(arr)
-        _say(out, "done", rank, rid, time.perf_counter(), tensor.numel() * tensor.element_size())
-    sock.close(0)
-    out.close(0)
-    ctx.term()
+    _pull_rank(rank, endpoint, report, _clone_segment)
 
 
 def tmp_queue_rank(rank: int, queue: Any, report: str) -> None:
