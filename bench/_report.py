@@ -29,8 +29,17 @@ def _commit() -> str:
             check=True,
             timeout=5,
         )
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+        dirty = subprocess.run(  # the harness's own outputs do not make the code dirty
+            [
+                "git",
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                ":/",
+                ":(top,exclude)bench/RESULTS.md",
+                ":(top,exclude)bench/results",
+            ],
             capture_output=True,
             text=True,
             check=True,
