@@ -13,6 +13,7 @@ from mmwire.transport import (
     GlobalTable,
     GridMismatch,
     IndexMap,
+    LocalIndex,
     LocalSlots,
 )
 from mmwire.transport._errors import MaterializeError
@@ -46,7 +47,8 @@ class MaterializedBatch:
 
     ``pixel_values`` holds the raw and processed items' patches concatenated in local order
     (allocated once) and ``grid_thw`` their grids; ``features[LocalIndex(k)]`` is slot k's
-    rows of ``pixel_values``, or its embedding tensor (passed through, not copied).
+    rows of ``pixel_values`` (a view, on its device), or its embedding tensor (passed
+    through, not copied: a CPU view of the payload).
     """
 
     pixel_values: torch.Tensor
@@ -97,6 +99,7 @@ class Materializer:
         pixel_values = torch.empty((sum(rows), 3, p, p), dtype=self.dtype)
         grids: list[tuple[int, int, int]] = []
         features: LocalSlots[torch.Tensor] = LocalSlots(len(envs))
+        spans: list[tuple[LocalIndex, int, int]] = []
         start = 0
         for (local, g, env), n in zip(envs, rows):
             where = f"item {g.value} (local slot {local.value}) of request {env.request_id!r}"
@@ -114,12 +117,14 @@ class Materializer:
                     )
                 out.copy_(src)
             grids.append(env.grid.thw)
-            features[local] = out
+            spans.append((local, start, n))
             start += n
         grid_thw = torch.tensor(grids, dtype=torch.int64).reshape(-1, 3)
         if self.device.type != "cpu":
             pixel_values = pixel_values.to(self.device)
             grid_thw = grid_thw.to(self.device)
+        for local, start, n in spans:  # views of the returned tensor, on its device
+            features[local] = pixel_values[start : start + n]
         return MaterializedBatch(pixel_values, grid_thw, features, index_map)
 
     def _raw_into(
