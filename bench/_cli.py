@@ -40,7 +40,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     pre = sub.add_parser("preprocess", help="CPU preprocessing vs the reference processor's way")
     pre.add_argument("--threads", type=int, default=2)
     sub.add_parser("h2d", help="H2D from the arena, registered vs pageable (needs CUDA)")
-    for name in ("pipeline", "kernels", "gpu-transport"):
+    ker = sub.add_parser("kernels", help="CUDA pixel pipeline vs the torch way and Pillow")
+    ker.add_argument("--reps", type=int, default=20)
+    for name in ("pipeline", "gpu-transport"):
         sub.add_parser(name, help="not available yet: see the open issues")
     args = parser.parse_args(argv)
     command = args.command or "demo"
@@ -66,6 +68,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ._h2d import run_h2d
 
         run_h2d(out_dir=args.out)
+    elif command == "kernels":
+        from ._kernels import run_kernels
+
+        run_kernels(reps=args.reps, out_dir=args.out)
     else:
         parser.exit(2, f"mmwire-bench {command}: not implemented yet in this version\n")
     return 0

@@ -1,3 +1,37 @@
-"""mmwire.kernels: CuPy raw CUDA kernels for the owner's GPU pixel pipeline."""
+"""mmwire.kernels: CuPy raw CUDA kernels for the owner's GPU pixel pipeline.
 
-__all__: list[str] = []
+``pixels.cu`` holds the kernels: a Pillow-exact BICUBIC resize (Q22 integer weights from
+the host, a uint8 intermediate, premultiplied RGBA) and the last pass fused with the
+background composite, zero pad, normalise and patchify, for many images of different
+sizes per launch. ``resize`` and ``preprocess`` are the entry points; the CUDA
+``Materializer`` backend uses ``preprocess_packed`` on the images it uploads. CuPy is
+needed only to launch (``mmwire[cuda12]`` / ``mmwire[cuda13]``).
+"""
+
+from ._descriptors import FIELDS as FIELDS
+from ._descriptors import ImageJob as ImageJob
+from ._descriptors import Layout as Layout
+from ._descriptors import layout_of as layout_of
+from ._launch import SOURCE as SOURCE
+from ._launch import CupyLauncher as CupyLauncher
+from ._launch import Launcher as Launcher
+from ._ops import pack as pack
+from ._ops import preprocess as preprocess
+from ._ops import preprocess_packed as preprocess_packed
+from ._ops import resize as resize
+from ._ops import resize_packed as resize_packed
+
+__all__ = [
+    "FIELDS",
+    "SOURCE",
+    "CupyLauncher",
+    "ImageJob",
+    "Launcher",
+    "Layout",
+    "layout_of",
+    "pack",
+    "preprocess",
+    "preprocess_packed",
+    "resize",
+    "resize_packed",
+]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import lru_cache
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -189,17 +189,29 @@ def preprocess_images(
     *,
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
+    backend: Literal["auto", "cpu", "cuda"] = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The whole pipeline for a list of images: ``(pixel_values, grid_thw)``.
 
     ``pixel_values`` is ``(Σ patches, 3, p, p)`` in ``dtype``, allocated once, images
     concatenated in order; ``grid_thw`` is ``(N, 3)`` int64. The producer's eager path and
-    the owner's deferred path both run this, so they agree bit for bit. A non-CPU
-    ``device`` runs on the CPU and uploads the result once (the CUDA kernels are ``#6``).
+    the owner's deferred path both run this, so they agree bit for bit. On a CUDA
+    ``device`` the ``"cuda"`` backend (``"auto"``'s choice when CuPy is installed) uploads
+    the uint8 pixels once and runs ``mmwire.kernels``; ``"cpu"`` computes here and uploads
+    the result. Both give the same bytes.
     """
+    from ._materializer import resolve_backend
+
     cfg = config or ProcessorConfig()
     pixels = [to_pixels(im, max_pixels=cfg.max_pixels) for im in images]
     specs = [cfg.spec_for(px.shape[1], px.shape[0]) for px in pixels]
+    if pixels and resolve_backend(backend, torch.device(device)) == "cuda":
+        from mmwire.kernels import preprocess_packed
+
+        flat = np.concatenate([px.reshape(-1) for px in pixels])
+        src = torch.from_numpy(flat).to(device)
+        shapes = [(px.shape[0], px.shape[1], px.shape[2]) for px in pixels]
+        return preprocess_packed(src, shapes, specs, dtype)
     p = cfg.patch_size
     total = sum(s.plan.grid.patches for s in specs)
     out = torch.empty((total, 3, p, p), dtype=dtype)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
-
 from mmwire.transport import CpuConsumer, CpuProducer, GlobalIndex, Grid, Item
 
 pytestmark = [
@@ -54,3 +55,174 @@ def test_materializer_on_cuda_returns_views_of_the_device_batch() -> None:
     finally:
         c.close()
         p.close()
+
+
+# --- kernels (#6): the same cases as test_kernels_host.py, on the device -------------------
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "rgb_distinct",
+        "rgba_chessboard",
+        "rgba_drop_and_white",
+        "gray",
+        "pass_order_flip",
+        "tiny_and_extreme",
+        "mixed_configs",
+    ],
+)
+def test_cuda_kernels_equal_the_cpu_path(rng: np.random.Generator, name: str, dtype: str) -> None:
+    from kernel_cases import case, differing, kernels, reference
+
+    items = case(name, rng)
+    want_pv, want_grid = reference(items, getattr(torch, dtype))
+    got_pv, got_grid = kernels(items, getattr(torch, dtype), "cuda")
+    assert got_pv.is_cuda and got_grid.is_cuda
+    assert torch.equal(got_grid.cpu(), want_grid)
+    assert differing(got_pv, want_pv) == 0
+
+
+@pytest.mark.parametrize("resizing", [False, True])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cuda_seed_case_4x1536x1024(rng: np.random.Generator, resizing: bool, dtype: str) -> None:
+    from conftest import photo_path
+    from kernel_cases import differing, kernels, reference
+    from mmwire.materialize import ProcessorConfig
+    from PIL import Image
+
+    cfg = ProcessorConfig(in_patch_limit=6144) if resizing else ProcessorConfig()
+    photo = np.asarray(Image.open(photo_path("astronaut.png")).convert("RGB").resize((1536, 1024)))
+    images = [photo] + [rng.integers(0, 256, (1024, 1536, 3), dtype=np.uint8) for _ in range(3)]
+    items = [(im, cfg) for im in images]
+    want_pv, want_grid = reference(items, getattr(torch, dtype))
+    got_pv, got_grid = kernels(items, getattr(torch, dtype), "cuda")
+    assert torch.equal(got_grid.cpu(), want_grid)
+    assert differing(got_pv, want_pv) == 0
+
+
+@pytest.mark.parametrize(
+    ("shape", "size"),
+    [
+        ((48, 64, 3), (56, 42)),
+        ((23, 17, 3), (90, 61)),
+        ((40, 300, 4), (71, 40)),
+        ((300, 40, 1), (40, 77)),
+        ((500, 30, 3), (20, 170)),
+        ((1024, 1536, 4), (1344, 896)),
+        ((1, 1, 3), (5, 3)),
+        ((7, 3000, 3), (1000, 2)),
+    ],
+)
+def test_cuda_resize_equals_pillow(
+    rng: np.random.Generator, shape: tuple[int, int, int], size: tuple[int, int]
+) -> None:
+    from mmwire.kernels import resize
+    from PIL import Image
+
+    img = rng.integers(0, 256, shape, dtype=np.uint8)
+    if shape[2] == 4:
+        img[::3, :, 3] = 0
+        img[1::3, :, 3] = 255
+    (got,) = resize([torch.from_numpy(img).cuda()], [size])
+    mode = {1: "L", 3: "RGB", 4: "RGBA"}[shape[2]]
+    want = np.asarray(Image.fromarray(img[..., 0] if shape[2] == 1 else img, mode).resize(size))
+    assert np.array_equal(got.cpu().numpy(), want.reshape(got.shape))
+
+
+def test_cuda_kernels_take_cupy_arrays_and_run_on_the_current_stream(
+    rng: np.random.Generator,
+) -> None:
+    import cupy
+    from kernel_cases import SMALL, differing, reference
+    from mmwire.kernels import preprocess
+
+    images = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in ((150, 97), (61, 222))]
+    specs = [SMALL.spec_for(im.shape[1], im.shape[0]) for im in images]
+    side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+    with torch.cuda.stream(side):
+        arrays = [cupy.asarray(im) for im in images]
+        torch.cuda.current_stream().wait_stream(torch.cuda.default_stream())  # type: ignore[no-untyped-call]
+        pv, grids = preprocess(arrays, specs, torch.bfloat16)
+    side.synchronize()  # type: ignore[no-untyped-call]
+    want_pv, want_grid = reference([(im, SMALL) for im in images], torch.bfloat16)
+    assert differing(pv, want_pv) == 0 and torch.equal(grids.cpu(), want_grid)
+
+
+def test_preprocess_images_on_cuda_uses_the_kernels(rng: np.random.Generator) -> None:
+    from mmwire.materialize import K3_BACKGROUND, ProcessorConfig, preprocess_images
+
+    cfg = ProcessorConfig(in_patch_limit=100, background=K3_BACKGROUND)
+    images = [rng.integers(0, 256, (h, w, 4), dtype=np.uint8) for h, w in ((210, 130), (99, 301))]
+    got = preprocess_images(images, cfg, device="cuda", dtype=torch.float16, backend="cuda")
+    want = preprocess_images(images, cfg, dtype=torch.float16)
+    assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
+
+
+def test_cuda_materializer_equals_the_cpu_one_over_a_registered_arena(
+    rng: np.random.Generator,
+) -> None:
+    from mmwire.materialize import K3_BACKGROUND, Materializer, ProcessorConfig
+    from mmwire.transport import IndexMap, LocalIndex
+
+    cfg = ProcessorConfig(in_patch_limit=200, background=K3_BACKGROUND)
+    images: list[Any] = [
+        rng.integers(0, 256, (h, w, c), dtype=np.uint8)
+        for h, w, c in ((300, 211, 3), (97, 350, 4), (64, 64, 1), (33, 17, 3))
+    ]
+    processed = torch.randn(8, 3, 14, 14)
+    emb = torch.randn(5, 32)
+    p = CpuProducer(arena_size=64 << 20)
+    c = CpuConsumer(0, p.endpoint, handover=p.handover_path)
+    try:
+        p.wait_for_consumers([0])
+        c.register_with_cuda()
+        items = [Item(data=im, consumers=(0,), preprocess=cfg.spec_for) for im in images]
+        items.append(Item(data=processed, consumers=(0,), kind="processed", grid=Grid((1, 2, 4))))
+        items.append(Item(data=emb, consumers=(0,), kind="embedding", grid=Grid((1, 5))))
+        p.publish("m", items)
+        order = [GlobalIndex(i) for i in (4, 2, 0, 5, 3, 1)]  # permuted, mixed kinds
+        with c.recv(10) as b:
+            m = IndexMap(0, order)
+            cuda = Materializer(0, device="cuda", dtype=torch.bfloat16).materialize(b, m)
+            cpu = Materializer(0, dtype=torch.bfloat16).materialize(b, m)
+            assert torch.equal(cuda.features[LocalIndex(3)], emb)
+        assert cuda.pixel_values.is_cuda
+        assert torch.equal(cuda.pixel_values.cpu(), cpu.pixel_values)
+        assert torch.equal(cuda.grid_thw.cpu(), cpu.grid_thw)
+        for k in (0, 1, 2, 4, 5):
+            assert torch.equal(cuda.features[LocalIndex(k)].cpu(), cpu.features[LocalIndex(k)])
+    finally:
+        c.close()
+        p.close()
+
+
+def test_cuda_materializer_errors_name_the_item_and_keep_serving(
+    rng: np.random.Generator,
+) -> None:
+    import msgspec
+    from mmwire.materialize import MaterializeError, Materializer, ProcessorConfig
+    from mmwire.transport import GridMismatch, IndexMap, LocalIndex
+    from test_materialize import _Frames, _raw_batch
+
+    cfg = ProcessorConfig()
+    images = [
+        rng.integers(0, 256, (40, 60, 3), dtype=np.uint8),
+        rng.integers(0, 256, (33, 20, 3), dtype=np.uint8),
+    ]
+    good = _raw_batch(images, cfg, [(0,), (0,)])
+    forged = msgspec.structs.replace(good.envelopes[GlobalIndex(1)])
+    msgspec.structs.force_setattr(forged, "grid", Grid((1, 9, 9)))
+    bad = _Frames(
+        [good.envelopes[GlobalIndex(0)], forged], [images[0].tobytes(), images[1].tobytes()]
+    )
+    mat = Materializer(0, device="cuda", backend="cuda")
+    m = IndexMap(0, [GlobalIndex(1), GlobalIndex(0)])
+    with pytest.raises(GridMismatch, match=r"item 1 \(local slot 0\).*declared \[1, 9, 9\]"):
+        mat.materialize(bad, m)
+    with pytest.raises(MaterializeError, match="over the pixel ceiling 100"):
+        Materializer(0, device="cuda", backend="cuda", max_pixels=100).materialize(good, m)
+    out = mat.materialize(good, m)
+    want = Materializer(0).materialize(good, m)
+    assert torch.equal(out.features[LocalIndex(1)].cpu(), want.features[LocalIndex(1)])

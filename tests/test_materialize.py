@@ -443,7 +443,7 @@ def test_materializer_errors_name_the_item_and_keep_serving(rng: np.random.Gener
     m = IndexMap(0, [GlobalIndex(1), GlobalIndex(0)])
     with pytest.raises(
         GridMismatch,
-        match=r"item 1 \(local slot 0\).*produced grid \[1, 4, 2\].*declared \[1, 9, 9\]",
+        match=r"item 1 \(local slot 0\).*produces grid \[1, 4, 2\].*declared \[1, 9, 9\]",
     ):
         mat.materialize(bad, m)
     with pytest.raises(MaterializeError, match="over the pixel ceiling 100"):

@@ -1,0 +1,203 @@
+"""Host side of one kernel launch: the per-image descriptor rows and the Q22 tables.
+
+Pure numpy, so CI checks it without a GPU. The field order mirrors ``enum Field`` in
+``pixels.cu`` (a test reads the enum and compares).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+from mmwire.materialize import bicubic_coefficients, pass_order
+from mmwire.transport import Background
+
+__all__ = ["FIELDS", "ImageJob", "Layout", "layout_of"]
+
+FIELDS: tuple[str, ...] = (
+    "SRC_OFF",
+    "IN_W",
+    "IN_H",
+    "CH",
+    "OUT_W",
+    "OUT_H",
+    "PASS1",
+    "PASS2",
+    "MID_OFF",
+    "MID_W",
+    "MID_H",
+    "MID_START",
+    "PATCH_START",
+    "GRID_W",
+    "PREMUL",
+    "BG",
+    "BG_SQUARE",
+    "BG_TOP_LEFT_WHITE",
+    "BG_WHITE",
+    "BG_GRAY",
+    "X_XMIN",
+    "X_N",
+    "X_K",
+    "X_KSIZE",
+    "Y_XMIN",
+    "Y_N",
+    "Y_K",
+    "Y_KSIZE",
+    "OUT_START",
+    "OUT_OFF",
+    "TABLE",
+    "ROW",
+)
+_F = {name: i for i, name in enumerate(FIELDS)}
+_NONE, _HORIZONTAL, _VERTICAL = 0, 1, 2
+_SOLID = {"white": 255, "gray": 128, "black": 0}
+
+
+@dataclass(frozen=True)
+class ImageJob:
+    """One image of a launch: its uint8 HWC shape, resize target, background and grid."""
+
+    in_w: int
+    in_h: int
+    ch: int
+    out_w: int
+    out_h: int
+    background: Background | None = None
+    grid_w: int = 0
+    patches: int = 0
+    table: int = 0
+    """Which (3, 256) normalise table of the launch this image uses."""
+    row: int | None = None
+    """Output row of the first patch (default: right after the previous image's)."""
+
+
+@dataclass(frozen=True, eq=False)
+class Layout:
+    """Everything a launch needs, on the host: offsets are in bytes, starts in elements.
+
+    Compared and hashed by identity: :func:`layout_of` returns the same object for the
+    same jobs, so device copies can be cached per layout.
+    """
+
+    desc: np.ndarray[Any, np.dtype[np.int64]]
+    tables: np.ndarray[Any, np.dtype[np.int32]]
+    src_offsets: tuple[int, ...]
+    src_bytes: int
+    mid_bytes: int
+    mid_pixels: int
+    patches: int
+    out_offsets: tuple[int, ...]
+    out_bytes: int
+    out_pixels: int
+
+
+def _bg_fields(bg: Background | None) -> tuple[int, int, int, int, int]:
+    if bg is None:
+        return 0, 1, 1, 0, 0
+    if bg.pattern == "chessboard":
+        return 1, bg.square, int(bg.top_left_white), bg.white, bg.gray
+    return 2, 1, 1, _SOLID[bg.pattern], 0
+
+
+@lru_cache(maxsize=128)
+def layout_of(jobs: tuple[ImageJob, ...], pillow: tuple[int, int] | None = None) -> Layout:
+    """Descriptor rows and coefficient tables for ``jobs`` (a tuple; cached by value).
+
+    Pass planning follows Pillow: a pass whose size does not change is skipped; with two
+    passes the first writes the uint8 intermediate, in the installed (or given) Pillow's
+    order; with one pass it reads the source directly; RGBA goes through premultiplied
+    alpha only when something is resized (Pillow copies an unresized image).
+    """
+    desc = np.zeros((len(jobs), len(FIELDS)), np.int64)
+    chunks: list[np.ndarray[Any, np.dtype[np.int32]]] = []
+    table_at: dict[tuple[int, int], tuple[int, int, int, int]] = {}
+    used = 0
+
+    def table(in_size: int, out_size: int) -> tuple[int, int, int, int]:
+        nonlocal used
+        key = (in_size, out_size)
+        if key not in table_at:
+            c = bicubic_coefficients(in_size, out_size)
+            table_at[key] = (used, used + c.n.size, used + 2 * c.n.size, c.ksize)
+            chunks.extend((c.xmin, c.n, c.k.reshape(-1)))
+            used += 2 * c.n.size + c.k.size
+        return table_at[key]
+
+    src = mid = mid_px = patches = out = out_px = 0
+    src_offsets: list[int] = []
+    out_offsets: list[int] = []
+    for row, job in zip(desc, jobs):
+        if job.ch not in (1, 3, 4) or min(job.in_w, job.in_h, job.out_w, job.out_h) < 1:
+            raise ValueError(f"cannot plan {job}: sizes must be positive and ch 1, 3 or 4")
+        need_h, need_v = job.out_w != job.in_w, job.out_h != job.in_h
+        if need_h and need_v:
+            h_first = pass_order(job.in_w, job.in_h, job.out_w, job.out_h, pillow) == "h_first"
+            p1, p2 = (_HORIZONTAL, _VERTICAL) if h_first else (_VERTICAL, _HORIZONTAL)
+            mid_w, mid_h = (job.out_w, job.in_h) if h_first else (job.in_w, job.out_h)
+        else:
+            p1, p2 = _NONE, (_HORIZONTAL if need_h else _VERTICAL if need_v else _NONE)
+            mid_w = mid_h = 0
+        x = table(job.in_w, job.out_w) if need_h else (0, 0, 0, 0)
+        y = table(job.in_h, job.out_h) if need_v else (0, 0, 0, 0)
+        bg, square, tlw, white, gray = _bg_fields(job.background)
+        values = {
+            "SRC_OFF": src,
+            "IN_W": job.in_w,
+            "IN_H": job.in_h,
+            "CH": job.ch,
+            "OUT_W": job.out_w,
+            "OUT_H": job.out_h,
+            "PASS1": p1,
+            "PASS2": p2,
+            "MID_OFF": mid,
+            "MID_W": mid_w,
+            "MID_H": mid_h,
+            "MID_START": mid_px,
+            "PATCH_START": patches,
+            "GRID_W": max(job.grid_w, 1),
+            "PREMUL": int(job.ch == 4 and (need_h or need_v)),
+            "BG": bg,
+            "BG_SQUARE": square,
+            "BG_TOP_LEFT_WHITE": tlw,
+            "BG_WHITE": white,
+            "BG_GRAY": gray,
+            "X_XMIN": x[0],
+            "X_N": x[1],
+            "X_K": x[2],
+            "X_KSIZE": x[3],
+            "Y_XMIN": y[0],
+            "Y_N": y[1],
+            "Y_K": y[2],
+            "Y_KSIZE": y[3],
+            "OUT_START": out_px,
+            "OUT_OFF": out,
+            "TABLE": job.table * 3 * 256,
+            "ROW": patches if job.row is None else job.row,
+        }
+        for name, value in values.items():
+            row[_F[name]] = value
+        src_offsets.append(src)
+        out_offsets.append(out)
+        src += job.in_w * job.in_h * job.ch
+        mid += mid_w * mid_h * job.ch
+        mid_px += mid_w * mid_h
+        patches += job.patches
+        out += job.out_w * job.out_h * job.ch
+        out_px += job.out_w * job.out_h
+    tables = np.concatenate(chunks).astype(np.int32) if chunks else np.zeros(1, np.int32)
+    desc.setflags(write=False)
+    tables.setflags(write=False)
+    return Layout(
+        desc=desc,
+        tables=tables,
+        src_offsets=tuple(src_offsets),
+        src_bytes=src,
+        mid_bytes=mid,
+        mid_pixels=mid_px,
+        patches=patches,
+        out_offsets=tuple(out_offsets),
+        out_bytes=out,
+        out_pixels=out_px,
+    )

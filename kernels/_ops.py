@@ -1,0 +1,238 @@
+"""The kernels' public operations: Pillow-exact resize and the whole pixel pipeline.
+
+Images are uint8 ``(H, W, C)`` (C = 1, 3 or 4 = RGBA) or ``(H, W)`` CUDA tensors, or CuPy
+arrays (taken through ``__cuda_array_interface__``, no copy). The work of many images of
+different sizes is two launches on torch's current stream; results are torch tensors.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from functools import lru_cache
+from typing import Any
+
+import torch
+from mmwire.materialize._pipeline import _table
+from mmwire.transport import PreprocessSpec
+
+from ._descriptors import ImageJob, Layout, layout_of
+from ._launch import CupyLauncher, Launcher
+
+__all__ = ["pack", "preprocess", "preprocess_packed", "resize", "resize_packed"]
+
+_BITS = {torch.float32: 32, torch.bfloat16: 16, torch.float16: 16}
+_STORAGE = {32: torch.int32, 16: torch.int16}
+
+Shape = tuple[int, int, int]
+
+
+def _pixels(image: Any) -> torch.Tensor:
+    """A uint8 ``(H, W, C)`` view of one device image (CuPy arrays are wrapped, not copied)."""
+    t = image if isinstance(image, torch.Tensor) else torch.as_tensor(image)
+    if t.dtype != torch.uint8:
+        raise ValueError(f"pixels must be uint8, got {t.dtype}")
+    if t.ndim == 2:
+        t = t.unsqueeze(-1)
+    if t.ndim != 3 or t.shape[2] not in (1, 3, 4) or t.shape[0] < 1 or t.shape[1] < 1:
+        raise ValueError(f"pixels must be (H, W) or (H, W, C) with C in 1/3/4, got {list(t.shape)}")
+    return t
+
+
+def pack(images: Sequence[Any]) -> tuple[torch.Tensor, list[Shape]]:
+    """Concatenate device images into one flat uint8 buffer (one copy each) and their shapes."""
+    pixels = [_pixels(im) for im in images]
+    if not pixels:
+        raise ValueError("no images")
+    device = pixels[0].device
+    if any(p.device != device for p in pixels):
+        raise ValueError("all images of one launch must be on the same device")
+    shapes = [(int(p.shape[0]), int(p.shape[1]), int(p.shape[2])) for p in pixels]
+    src = torch.empty(sum(h * w * c for h, w, c in shapes), dtype=torch.uint8, device=device)
+    at = 0
+    for p, (h, w, c) in zip(pixels, shapes):
+        src[at : at + h * w * c].view(h, w, c).copy_(p)
+        at += h * w * c
+    return src, shapes
+
+
+@lru_cache(maxsize=64)
+def _device_layout(layout: Layout, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    desc = torch.from_numpy(layout.desc.copy()).to(device)
+    tab = torch.from_numpy(layout.tables.copy()).to(device)
+    return desc, tab
+
+
+@lru_cache(maxsize=64)
+def _device_tables(
+    stats: tuple[tuple[tuple[float, float, float], tuple[float, float, float]], ...],
+    dtype: torch.dtype,
+    device: torch.device,
+) -> torch.Tensor:
+    """The launch's normalise tables ``(G, 3, 256)`` as the output dtype's bit patterns."""
+    tables = torch.stack([_table(mean, std, dtype) for mean, std in stats])
+    return tables.view(_STORAGE[_BITS[dtype]]).contiguous().to(device)
+
+
+def _launcher_for(device: torch.device, launcher: Launcher | None) -> Launcher:
+    return launcher if launcher is not None else CupyLauncher(device)
+
+
+def preprocess_packed(
+    src: torch.Tensor,
+    shapes: Sequence[Shape],
+    specs: Sequence[PreprocessSpec],
+    dtype: torch.dtype = torch.float32,
+    *,
+    out: torch.Tensor | None = None,
+    rows: Sequence[int] | None = None,
+    pillow: tuple[int, int] | None = None,
+    launcher: Launcher | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pixel pipeline over images already packed in ``src`` (see :func:`pack`).
+
+    Returns ``(pixel_values, grid_thw)``: ``(Σ patches, 3, p, p)`` in ``dtype`` and ``(N, 3)``
+    int64, on ``src``'s device, equal byte for byte to the CPU path
+    (``mmwire.materialize.preprocess_images``) under the same Pillow version. With ``out``
+    (and optionally ``rows``, each image's first output row) the patches are written into
+    ``out`` instead, so other items' rows can sit between them; ``out`` is returned.
+    """
+    if len(shapes) != len(specs) or not specs:
+        raise ValueError(f"{len(shapes)} images but {len(specs)} specs")
+    if dtype not in _BITS:
+        raise ValueError(f"output dtype must be float32, bfloat16 or float16, got {dtype}")
+    sizes = {s.patch_size for s in specs}
+    if len(sizes) != 1:
+        raise ValueError(f"images of one launch use different patch sizes {sorted(sizes)}")
+    p = sizes.pop()
+    if rows is not None and len(rows) != len(specs):
+        raise ValueError(f"{len(rows)} rows for {len(specs)} images")
+    stats: dict[tuple[Any, Any], int] = {}
+    jobs = []
+    for i, ((h, w, c), spec) in enumerate(zip(shapes, specs)):
+        plan = spec.plan
+        if (plan.width, plan.height) != (w, h):
+            raise ValueError(f"image is {w}x{h} but its plan says {plan.width}x{plan.height}")
+        key = (spec.image_mean, spec.image_std)
+        jobs.append(
+            ImageJob(
+                in_w=w,
+                in_h=h,
+                ch=c,
+                out_w=plan.new_width,
+                out_h=plan.new_height,
+                background=spec.background,
+                grid_w=plan.grid.w,
+                patches=plan.grid.patches,
+                table=stats.setdefault(key, len(stats)),
+                row=None if rows is None else rows[i],
+            )
+        )
+    layout = layout_of(tuple(jobs), pillow)
+    _check_source(src, layout)
+    device = src.device
+    run = _launcher_for(device, launcher)
+    desc, tab = _device_layout(layout, device)
+    table = _device_tables(tuple(stats), dtype, device)
+    mid = torch.empty(max(layout.mid_bytes, 1), dtype=torch.uint8, device=device)
+    run.pass1(src, mid, desc, tab, len(jobs), layout.mid_pixels)
+    if out is None:
+        out = torch.empty((layout.patches, 3, p, p), dtype=dtype, device=device)
+    else:
+        _check_out(out, jobs, p, dtype, device)
+    bits = _BITS[dtype]
+    run.finish(
+        bits,
+        src,
+        mid,
+        desc,
+        tab,
+        table,
+        out.view(_STORAGE[bits]),
+        len(jobs),
+        p,
+        layout.patches * p * p,
+    )
+    grids = torch.tensor([s.plan.grid.thw for s in specs], dtype=torch.int64).to(device)
+    return out, grids
+
+
+def preprocess(
+    images: Sequence[Any],
+    specs: Sequence[PreprocessSpec],
+    dtype: torch.dtype = torch.float32,
+    *,
+    pillow: tuple[int, int] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`preprocess_packed` for separate device images (packs them first: one copy each)."""
+    src, shapes = pack(images)
+    return preprocess_packed(src, shapes, specs, dtype, pillow=pillow)
+
+
+def resize_packed(
+    src: torch.Tensor,
+    shapes: Sequence[Shape],
+    sizes: Sequence[tuple[int, int]],
+    *,
+    pillow: tuple[int, int] | None = None,
+    launcher: Launcher | None = None,
+) -> list[torch.Tensor]:
+    """Pillow BICUBIC resize of packed images to ``sizes`` ``(width, height)``: uint8 HWC views."""
+    if len(shapes) != len(sizes) or not sizes:
+        raise ValueError(f"{len(shapes)} images but {len(sizes)} sizes")
+    jobs = tuple(
+        ImageJob(in_w=w, in_h=h, ch=c, out_w=ow, out_h=oh)
+        for (h, w, c), (ow, oh) in zip(shapes, sizes)
+    )
+    layout = layout_of(jobs, pillow)
+    _check_source(src, layout)
+    device = src.device
+    run = _launcher_for(device, launcher)
+    desc, tab = _device_layout(layout, device)
+    mid = torch.empty(max(layout.mid_bytes, 1), dtype=torch.uint8, device=device)
+    dst = torch.empty(max(layout.out_bytes, 1), dtype=torch.uint8, device=device)
+    run.pass1(src, mid, desc, tab, len(jobs), layout.mid_pixels)
+    run.pass2(src, mid, desc, tab, dst, len(jobs), layout.out_pixels)
+    return [
+        dst[off : off + oh * ow * job.ch].view(oh, ow, job.ch)
+        for off, job, (ow, oh) in zip(layout.out_offsets, jobs, sizes)
+    ]
+
+
+def resize(
+    images: Sequence[Any],
+    sizes: Sequence[tuple[int, int]],
+    *,
+    pillow: tuple[int, int] | None = None,
+) -> list[torch.Tensor]:
+    """``Image.resize(size, BICUBIC)`` of each device image, exactly, in two launches."""
+    src, shapes = pack(images)
+    return resize_packed(src, shapes, sizes, pillow=pillow)
+
+
+def _check_out(
+    out: torch.Tensor, jobs: Sequence[ImageJob], p: int, dtype: torch.dtype, device: torch.device
+) -> None:
+    if out.dtype != dtype or out.device != device or not out.is_contiguous():
+        raise ValueError(f"`out` must be a contiguous {dtype} tensor on {device}")
+    if out.ndim != 4 or tuple(out.shape[1:]) != (3, p, p):
+        raise ValueError(f"`out` must be (rows, 3, {p}, {p}), got {list(out.shape)}")
+    spans, packed = [], 0
+    for job in jobs:
+        start = packed if job.row is None else job.row  # as layout_of places it
+        packed += job.patches
+        if start < 0 or start + job.patches > out.shape[0]:
+            raise ValueError(f"rows {start}..{start + job.patches} do not fit in `out`")
+        spans.append((start, start + job.patches))
+    spans.sort()
+    if any(a[1] > b[0] for a, b in itertools.pairwise(spans)):
+        raise ValueError("images' output rows overlap")
+
+
+def _check_source(src: torch.Tensor, layout: Layout) -> None:
+    if src.dtype != torch.uint8 or src.ndim != 1 or not src.is_contiguous():
+        raise ValueError("the packed source must be a flat contiguous uint8 tensor")
+    if src.numel() < layout.src_bytes:
+        raise ValueError(
+            f"the packed source has {src.numel()} bytes, the images need {layout.src_bytes}"
+        )

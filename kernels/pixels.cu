@@ -1,0 +1,251 @@
+// mmwire pixel kernels: Pillow-exact BICUBIC resize and the fused
+// composite / pad / normalise / patchify of many images in one launch.
+//
+// Exactness rules (see materialize/_bicubic.py and materialize/_pipeline.py, which these
+// kernels must equal byte for byte):
+//   * resize: Q22 int32 weights computed on the host exactly as Pillow does; per output
+//     sample acc = 2^21 + sum(px * k), clamp(acc >> 22, 0, 255); a uint8 image between the
+//     two passes; RGBA premultiplied on the first read and unpremultiplied at the end.
+//   * background composite: float32, every operation rounded on its own (__fmul_rn /
+//     __fadd_rn / __fdiv_rn, so nvcc cannot contract anything into an FMA).
+//   * normalise: a per-channel 256-entry table of the output dtype, computed on the host by
+//     the CPU path; the kernel copies its bit patterns (T is the storage type: 32 or 16 bits).
+//
+// Every image is described by one row of NF int64 fields (the order is mirrored in
+// kernels/_descriptors.py and checked by tests/test_kernels_host.py). Threads are
+// flattened over all images of a launch; each finds its image by binary search on a
+// running start field, so images of different sizes share one launch.
+
+enum Field {
+  SRC_OFF = 0,        // byte offset of the image (uint8 HWC) in the source buffer
+  IN_W = 1,
+  IN_H = 2,
+  CH = 3,             // 1 (gray), 3 (RGB) or 4 (RGBA)
+  OUT_W = 4,          // resized size (before padding)
+  OUT_H = 5,
+  PASS1 = 6,          // 0 none, 1 horizontal, 2 vertical: the pass into the mid buffer
+  PASS2 = 7,          // 0 none, 1 horizontal, 2 vertical: the pass of the final read
+  MID_OFF = 8,        // byte offset of this image's uint8 intermediate
+  MID_W = 9,
+  MID_H = 10,
+  MID_START = 11,     // first flattened mid pixel of this image (pass-1 launch)
+  PATCH_START = 12,   // first output patch row of this image (finish launch)
+  GRID_W = 13,        // patches per canvas row
+  PREMUL = 14,        // 1: RGBA through premultiplied alpha (only when resized)
+  BG = 15,            // 0: drop alpha, 1: chessboard, 2: solid fill
+  BG_SQUARE = 16,
+  BG_TOP_LEFT_WHITE = 17,
+  BG_WHITE = 18,      // the white cells' level, or the solid fill level
+  BG_GRAY = 19,
+  X_XMIN = 20,        // int32 offsets into the coefficient buffer (horizontal axis)
+  X_N = 21,
+  X_K = 22,
+  X_KSIZE = 23,
+  Y_XMIN = 24,        // the same for the vertical axis
+  Y_N = 25,
+  Y_K = 26,
+  Y_KSIZE = 27,
+  OUT_START = 28,     // first flattened output pixel of this image (resize-only launch)
+  OUT_OFF = 29,       // byte offset of this image's uint8 HWC output (resize-only launch)
+  TABLE = 30,         // element offset of this image's (3, 256) normalise table
+  ROW = 31,           // output row of this image's first patch (rows of other items may sit between)
+  NF = 32
+};
+
+typedef long long i64;
+typedef unsigned char u8;
+
+// The last image whose `field` start is <= i (starts are non-decreasing; an image with no
+// work has the same start as the next one, so the last match is the one that owns i).
+__device__ __forceinline__ int find_image(const i64* __restrict__ desc, int n_images, int field,
+                                          i64 i) {
+  int lo = 0, hi = n_images - 1;
+  while (lo < hi) {
+    int mid = (lo + hi + 1) >> 1;
+    if (desc[(i64)mid * NF + field] <= i) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+// One pixel's channels, premultiplied by alpha as Pillow's RGBA -> RGBa does.
+__device__ __forceinline__ void load_px(const u8* __restrict__ p, int ch, bool premul, int v[4]) {
+#pragma unroll
+  for (int c = 0; c < 4; ++c) v[c] = c < ch ? (int)p[c] : 0;
+  if (premul) {
+#pragma unroll
+    for (int c = 0; c < 3; ++c) {
+      int t = v[c] * v[3] + 128;
+      v[c] = ((t >> 8) + t) >> 8;
+    }
+  }
+}
+
+// One output sample (all channels) of one 8-bit pass: n taps at base + (xmin + t) * step.
+__device__ __forceinline__ void pass_px(const u8* __restrict__ base, i64 step, int ch, bool premul,
+                                        const int* __restrict__ k, int xmin, int n, int out[4]) {
+  int acc[4] = {1 << 21, 1 << 21, 1 << 21, 1 << 21};
+  for (int t = 0; t < n; ++t) {
+    int v[4];
+    load_px(base + (i64)(xmin + t) * step, ch, premul, v);
+    int w = k[t];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) acc[c] += v[c] * w;
+  }
+#pragma unroll
+  for (int c = 0; c < 4; ++c) out[c] = min(max(acc[c] >> 22, 0), 255);
+}
+
+// The resized (still premultiplied, for RGBA) pixel (y, x) of image d, all channels.
+__device__ __forceinline__ void resized_px(const u8* __restrict__ src, const u8* __restrict__ mid,
+                                           const i64* __restrict__ d, const int* __restrict__ tab,
+                                           int y, int x, int out[4]) {
+  const int ch = (int)d[CH];
+  const bool staged = d[PASS1] != 0;
+  const u8* st = staged ? mid + d[MID_OFF] : src + d[SRC_OFF];
+  const i64 row = (staged ? d[MID_W] : d[IN_W]) * ch;
+  const bool premul = !staged && d[PREMUL] != 0;
+  const int p2 = (int)d[PASS2];
+  if (p2 == 1) {
+    pass_px(st + (i64)y * row, ch, ch, premul, tab + d[X_K] + (i64)x * d[X_KSIZE],
+            tab[d[X_XMIN] + x], tab[d[X_N] + x], out);
+  } else if (p2 == 2) {
+    pass_px(st + (i64)x * ch, row, ch, premul, tab + d[Y_K] + (i64)y * d[Y_KSIZE],
+            tab[d[Y_XMIN] + y], tab[d[Y_N] + y], out);
+  } else {
+    load_px(st + (i64)y * row + (i64)x * ch, ch, premul, out);
+  }
+}
+
+// Undo the premultiplication exactly as Pillow's RGBa -> RGBA (truncating division).
+__device__ __forceinline__ void unpremultiply(const i64* __restrict__ d, int v[4]) {
+  const int a = v[3];
+  if (d[CH] == 4 && d[PREMUL] != 0 && a != 0 && a != 255) {
+#pragma unroll
+    for (int c = 0; c < 3; ++c) v[c] = min(255, (255 * v[c]) / a);
+  }
+}
+
+// Final RGB of canvas pixel (y, x): gray broadcast, alpha dropped or composited in float32.
+__device__ __forceinline__ void to_rgb(const i64* __restrict__ d, int y, int x, const int v[4],
+                                       int rgb[3]) {
+  const int ch = (int)d[CH];
+  if (ch == 1) {
+    rgb[0] = rgb[1] = rgb[2] = v[0];
+    return;
+  }
+  if (ch == 3 || d[BG] == 0) {
+    rgb[0] = v[0];
+    rgb[1] = v[1];
+    rgb[2] = v[2];
+    return;
+  }
+  float fill;
+  if (d[BG] == 1) {
+    const int sq = (int)d[BG_SQUARE];
+    const int parity = ((y / sq) + (x / sq)) & 1;
+    const bool white = parity == (d[BG_TOP_LEFT_WHITE] != 0 ? 0 : 1);
+    fill = (float)(white ? d[BG_WHITE] : d[BG_GRAY]);
+  } else {
+    fill = (float)d[BG_WHITE];
+  }
+  const float a = fminf(fmaxf(__fdiv_rn((float)v[3], 255.0f), 0.0f), 1.0f);
+  const float one_minus_a = __fsub_rn(1.0f, a);
+  const float bg = __fmul_rn(one_minus_a, fill);
+#pragma unroll
+  for (int c = 0; c < 3; ++c) {
+    float m = __fadd_rn(__fmul_rn(a, (float)v[c]), bg);
+    m = fminf(fmaxf(m, 0.0f), 255.0f);
+    rgb[c] = (int)floorf(m);
+  }
+}
+
+// Pass 1 of the images that need two passes: source -> uint8 intermediate.
+extern "C" __global__ void resize_pass1(const u8* __restrict__ src, u8* __restrict__ mid,
+                                        const i64* __restrict__ desc, const int* __restrict__ tab,
+                                        int n_images, i64 total) {
+  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += (i64)gridDim.x * blockDim.x) {
+    const i64* d = desc + (i64)find_image(desc, n_images, MID_START, i) * NF;
+    const i64 j = i - d[MID_START];
+    const int mid_w = (int)d[MID_W];
+    const int y = (int)(j / mid_w), x = (int)(j % mid_w);
+    const int ch = (int)d[CH];
+    const u8* s = src + d[SRC_OFF];
+    const i64 row = d[IN_W] * ch;
+    const bool premul = d[PREMUL] != 0;
+    int out[4];
+    if (d[PASS1] == 1) {
+      pass_px(s + (i64)y * row, ch, ch, premul, tab + d[X_K] + (i64)x * d[X_KSIZE],
+              tab[d[X_XMIN] + x], tab[d[X_N] + x], out);
+    } else {
+      pass_px(s + (i64)x * ch, row, ch, premul, tab + d[Y_K] + (i64)y * d[Y_KSIZE],
+              tab[d[Y_XMIN] + y], tab[d[Y_N] + y], out);
+    }
+    u8* m = mid + d[MID_OFF] + j * ch;
+    for (int c = 0; c < ch; ++c) m[c] = (u8)out[c];
+  }
+}
+
+// The resize alone: the last pass into uint8 HWC outputs (what Image.resize returns).
+extern "C" __global__ void resize_pass2(const u8* __restrict__ src, const u8* __restrict__ mid,
+                                        const i64* __restrict__ desc, const int* __restrict__ tab,
+                                        u8* __restrict__ dst, int n_images, i64 total) {
+  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += (i64)gridDim.x * blockDim.x) {
+    const i64* d = desc + (i64)find_image(desc, n_images, OUT_START, i) * NF;
+    const i64 j = i - d[OUT_START];
+    const int out_w = (int)d[OUT_W];
+    const int y = (int)(j / out_w), x = (int)(j % out_w);
+    int v[4];
+    resized_px(src, mid, d, tab, y, x, v);
+    unpremultiply(d, v);
+    const int ch = (int)d[CH];
+    u8* o = dst + d[OUT_OFF] + j * ch;
+    for (int c = 0; c < ch; ++c) o[c] = (u8)v[c];
+  }
+}
+
+// The last pass fused with composite, zero pad, normalise and patchify: one thread per
+// (patch row, py, px) of the output (sum patches, 3, p, p); T is the output's bit pattern.
+template <typename T>
+__global__ void finish(const u8* __restrict__ src, const u8* __restrict__ mid,
+                       const i64* __restrict__ desc, const int* __restrict__ tab,
+                       const T* __restrict__ table, T* __restrict__ out, int n_images, int p,
+                       i64 total) {
+  const int pp = p * p;
+  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += (i64)gridDim.x * blockDim.x) {
+    const i64 prow = i / pp;
+    const int r = (int)(i - prow * pp);
+    const int py = r / p, px = r - (r / p) * p;
+    const i64* d = desc + (i64)find_image(desc, n_images, PATCH_START, prow) * NF;
+    const i64 pj = prow - d[PATCH_START];
+    const int gw = (int)d[GRID_W];
+    const int y = (int)(pj / gw) * p + py, x = (int)(pj % gw) * p + px;
+    int rgb[3] = {0, 0, 0};
+    if (y < d[OUT_H] && x < d[OUT_W]) {
+      int v[4];
+      resized_px(src, mid, d, tab, y, x, v);
+      unpremultiply(d, v);
+      to_rgb(d, y, x, v, rgb);
+    }
+    const T* tb = table + d[TABLE];
+    T* o = out + (d[ROW] + pj) * 3 * pp + r;
+    o[0] = tb[rgb[0]];
+    o[pp] = tb[256 + rgb[1]];
+    o[2 * pp] = tb[512 + rgb[2]];
+  }
+}
+
+#ifndef __CUDACC_RTC__
+// nvcc (the CI compile check) instantiates what NVRTC gets through name expressions.
+template __global__ void finish<unsigned int>(const u8*, const u8*, const i64*, const int*,
+                                              const unsigned int*, unsigned int*, int, int, i64);
+template __global__ void finish<unsigned short>(const u8*, const u8*, const i64*, const int*,
+                                                const unsigned short*, unsigned short*, int, int,
+                                                i64);
+#endif

@@ -1,0 +1,115 @@
+"""The kernels of ``kernels/pixels.cu`` built as plain C++ and run on the CPU (see
+``kernel_host/shim.h``): CI checks the kernels' own index and rounding logic with ``==``
+without a GPU; ``pytest -m gpu`` then checks the same cases on the device."""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+from pathlib import Path
+
+import torch
+from mmwire.kernels import SOURCE
+
+HERE = Path(__file__).resolve().parent / "kernel_host"
+
+
+def build(out_dir: Path) -> Path:
+    """Compile the host build of ``pixels.cu`` into ``out_dir``; returns the library path."""
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        raise RuntimeError("a C++ compiler is needed to run the kernels on the CPU")
+    lib = out_dir / "pixels_host.so"
+    subprocess.run(
+        [
+            cxx,
+            "-O2",
+            "-std=c++17",
+            "-ffp-contract=off",
+            "-Wall",
+            "-Wno-unknown-pragmas",
+            "-Werror",
+            "-shared",
+            "-fPIC",
+            f'-DPIXELS_CU="{SOURCE}"',
+            "-I",
+            str(HERE),
+            str(HERE / "driver.cpp"),
+            "-o",
+            str(lib),
+        ],
+        check=True,
+    )
+    return lib
+
+
+def _p(t: torch.Tensor) -> ctypes.c_void_p:
+    assert t.device.type == "cpu" and t.is_contiguous()
+    return ctypes.c_void_p(t.data_ptr())
+
+
+class HostLauncher:
+    """A ``mmwire.kernels.Launcher`` that runs the C++ build on CPU tensors."""
+
+    def __init__(self, lib: Path) -> None:
+        self._lib = ctypes.CDLL(str(lib))
+
+    def pass1(
+        self,
+        src: torch.Tensor,
+        mid: torch.Tensor,
+        desc: torch.Tensor,
+        tab: torch.Tensor,
+        n_images: int,
+        total: int,
+    ) -> None:
+        self._lib.resize_pass1(
+            _p(src), _p(mid), _p(desc), _p(tab), ctypes.c_int(n_images), ctypes.c_longlong(total)
+        )
+
+    def pass2(
+        self,
+        src: torch.Tensor,
+        mid: torch.Tensor,
+        desc: torch.Tensor,
+        tab: torch.Tensor,
+        dst: torch.Tensor,
+        n_images: int,
+        total: int,
+    ) -> None:
+        self._lib.resize_pass2(
+            _p(src),
+            _p(mid),
+            _p(desc),
+            _p(tab),
+            _p(dst),
+            ctypes.c_int(n_images),
+            ctypes.c_longlong(total),
+        )
+
+    def finish(
+        self,
+        bits: int,
+        src: torch.Tensor,
+        mid: torch.Tensor,
+        desc: torch.Tensor,
+        tab: torch.Tensor,
+        table: torch.Tensor,
+        out: torch.Tensor,
+        n_images: int,
+        patch: int,
+        total: int,
+    ) -> None:
+        fn = self._lib.finish_u32 if bits == 32 else self._lib.finish_u16
+        fn(
+            _p(src),
+            _p(mid),
+            _p(desc),
+            _p(tab),
+            _p(table),
+            _p(out),
+            ctypes.c_int(n_images),
+            ctypes.c_int(patch),
+            ctypes.c_longlong(total),
+        )

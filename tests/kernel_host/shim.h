@@ -1,0 +1,21 @@
+// Lets kernels/pixels.cu compile as plain C++ so CI can run the kernels' own code on the
+// CPU: one "thread" with grid-stride loops covers every element. Float operations are
+// IEEE single precision (the build uses -ffp-contract=off), like the *_rn intrinsics.
+#pragma once
+#include <algorithm>
+#include <cmath>
+
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __restrict__ __restrict
+
+struct mmwire_dim { unsigned x; };
+static const mmwire_dim blockIdx = {0}, threadIdx = {0}, blockDim = {1}, gridDim = {1};
+
+using std::max;
+using std::min;
+static inline float __fdiv_rn(float a, float b) { return a / b; }
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fsub_rn(float a, float b) { return a - b; }

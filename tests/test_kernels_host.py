@@ -1,0 +1,157 @@
+"""The kernels' own code, built as C++ and run on the CPU, against Pillow and the CPU path.
+
+The CUDA launch path is the same code on the device (``test_gpu.py`` repeats these cases
+with ``pytest -m gpu``); here CI checks the descriptors, the pass planning and every index
+and rounding rule of ``pixels.cu`` with ``==``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from host_kernels import HostLauncher, build
+from kernel_cases import CASES, DTYPES, SMALL, case, differing, kernels, reference
+from mmwire.kernels import (
+    FIELDS,
+    SOURCE,
+    ImageJob,
+    layout_of,
+    pack,
+    preprocess_packed,
+    resize_packed,
+)
+from mmwire.materialize import resize_reference
+from PIL import Image
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory: pytest.TempPathFactory) -> HostLauncher:
+    return HostLauncher(build(tmp_path_factory.mktemp("kernels")))
+
+
+def test_descriptor_fields_match_the_cuda_enum() -> None:
+    body = re.search(r"enum Field \{(.*?)\};", SOURCE.read_text(), re.S)
+    assert body is not None
+    pairs = re.findall(r"(\w+) = (\d+)", body.group(1))
+    assert [name for name, _ in pairs[:-1]] == list(FIELDS)
+    assert [int(v) for _, v in pairs[:-1]] == list(range(len(FIELDS)))
+    assert pairs[-1] == ("NF", str(len(FIELDS)))
+
+
+def _row(job: ImageJob, pillow: tuple[int, int] = (13, 0)) -> dict[str, int]:
+    layout = layout_of((job,), pillow)
+    return {name: int(v) for name, v in zip(FIELDS, layout.desc[0])}
+
+
+def test_layout_skips_passes_pillow_skips() -> None:
+    same = _row(ImageJob(in_w=40, in_h=30, ch=4, out_w=40, out_h=30))
+    assert (same["PASS1"], same["PASS2"], same["PREMUL"]) == (0, 0, 0)  # Pillow copies
+    width_only = _row(ImageJob(in_w=40, in_h=30, ch=4, out_w=20, out_h=30))
+    assert (width_only["PASS1"], width_only["PASS2"], width_only["PREMUL"]) == (0, 1, 1)
+    height_only = _row(ImageJob(in_w=40, in_h=30, ch=3, out_w=40, out_h=10))
+    assert (height_only["PASS1"], height_only["PASS2"], height_only["PREMUL"]) == (0, 2, 0)
+    assert layout_of((ImageJob(in_w=40, in_h=30, ch=3, out_w=40, out_h=10),)).mid_bytes == 0
+
+
+def test_layout_pass_order_follows_the_pillow_version() -> None:
+    tall = ImageJob(in_w=45, in_h=400, ch=3, out_w=30, out_h=266)
+    new, old = _row(tall, (13, 0)), _row(tall, (12, 3))
+    assert (new["PASS1"], new["PASS2"], new["MID_W"], new["MID_H"]) == (2, 1, 45, 266)
+    assert (old["PASS1"], old["PASS2"], old["MID_W"], old["MID_H"]) == (1, 2, 30, 400)
+
+
+def test_layout_shares_tables_and_offsets_accumulate() -> None:
+    a = ImageJob(in_w=50, in_h=40, ch=3, out_w=25, out_h=20, patches=4, grid_w=2)
+    b = ImageJob(in_w=50, in_h=40, ch=1, out_w=25, out_h=20, patches=4, grid_w=2)
+    layout = layout_of((a, b))
+    first = dict(zip(FIELDS, layout.desc[0]))
+    second = dict(zip(FIELDS, layout.desc[1]))
+    assert first["X_K"] == second["X_K"] and first["Y_K"] == second["Y_K"]
+    assert second["SRC_OFF"] == 50 * 40 * 3 and layout.src_bytes == 50 * 40 * 4
+    assert second["PATCH_START"] == 4 and layout.patches == 8
+    assert second["MID_START"] == 25 * 40 and second["MID_OFF"] == 25 * 40 * 3
+
+
+def test_layout_rejects_impossible_jobs() -> None:
+    with pytest.raises(ValueError, match="ch 1, 3 or 4"):
+        layout_of((ImageJob(in_w=4, in_h=4, ch=2, out_w=2, out_h=2),))
+    with pytest.raises(ValueError, match="positive"):
+        layout_of((ImageJob(in_w=4, in_h=0, ch=3, out_w=2, out_h=2),))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", CASES)
+def test_host_kernels_equal_the_cpu_path(
+    host: HostLauncher, rng: np.random.Generator, name: str, dtype: torch.dtype
+) -> None:
+    items = case(name, rng)
+    want_pv, want_grid = reference(items, dtype)
+    got_pv, got_grid = kernels(items, dtype, "cpu", host)
+    assert torch.equal(got_grid, want_grid)
+    assert differing(got_pv, want_pv) == 0
+
+
+@pytest.mark.parametrize(
+    ("shape", "size"),
+    [
+        ((48, 64, 3), (56, 42)),  # down both
+        ((23, 17, 3), (90, 61)),  # up both
+        ((40, 300, 4), (71, 40)),  # width only, RGBA: one pass, premultiplied
+        ((300, 40, 1), (40, 77)),  # height only, gray
+        ((500, 30, 3), (20, 170)),  # tall: vertical first under 13.0
+        ((33, 44, 4), (44, 33)),  # no-op: a copy, no premultiply
+        ((1, 1, 3), (5, 3)),
+    ],
+)
+def test_host_resize_equals_pillow(
+    host: HostLauncher,
+    rng: np.random.Generator,
+    shape: tuple[int, int, int],
+    size: tuple[int, int],
+) -> None:
+    img = rng.integers(0, 256, shape, dtype=np.uint8)
+    if shape[2] == 4:
+        img[::3, :, 3] = 0
+        img[1::3, :, 3] = 255
+    src, shapes = pack([torch.from_numpy(img)])
+    (got,) = resize_packed(src, shapes, [size], launcher=host)
+    mode = {1: "L", 3: "RGB", 4: "RGBA"}[shape[2]]
+    want = np.asarray(Image.fromarray(img[..., 0] if shape[2] == 1 else img, mode).resize(size))
+    assert np.array_equal(got.numpy(), want.reshape(got.shape))
+
+
+@pytest.mark.parametrize("pillow", [(12, 3), (13, 0)])
+def test_host_resize_follows_a_pinned_pillow_version(
+    host: HostLauncher, rng: np.random.Generator, pillow: tuple[int, int]
+) -> None:
+    img = rng.integers(0, 256, (600, 200, 3), dtype=np.uint8)  # 600x200 -> 190x100 flips
+    src, shapes = pack([torch.from_numpy(img)])
+    (got,) = resize_packed(src, shapes, [(190, 100)], pillow=pillow, launcher=host)
+    assert np.array_equal(got.numpy(), resize_reference(img, 190, 100, pillow=pillow))
+
+
+def test_kernel_entry_points_reject_bad_input(host: HostLauncher) -> None:
+    img = torch.zeros((20, 30, 3), dtype=torch.uint8)
+    with pytest.raises(ValueError, match="uint8"):
+        pack([img.float()])
+    with pytest.raises(ValueError, match="1/3/4"):
+        pack([torch.zeros((4, 4, 2), dtype=torch.uint8)])
+    src, shapes = pack([img])
+    spec = SMALL.spec_for(31, 20)  # a plan for another size
+    with pytest.raises(ValueError, match="plan says"):
+        preprocess_packed(src, shapes, [spec], launcher=host)
+    with pytest.raises(ValueError, match="float32, bfloat16 or float16"):
+        preprocess_packed(src, shapes, [SMALL.spec_for(30, 20)], torch.int32, launcher=host)
+    with pytest.raises(ValueError, match="bytes"):
+        preprocess_packed(src[:100], shapes, [SMALL.spec_for(30, 20)], launcher=host)
+    # the launcher still serves after the refusals
+    pv, _ = preprocess_packed(src, shapes, [SMALL.spec_for(30, 20)], launcher=host)
+    assert pv.shape[0] == SMALL.spec_for(30, 20).plan.grid.patches
+
+
+def test_host_build_is_warning_free(tmp_path: Path) -> None:
+    build(tmp_path)  # -Wall -Werror: an unused variable or sign mix-up fails here
