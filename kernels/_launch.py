@@ -83,28 +83,66 @@ def _module(device_index: int) -> Any:
     return module
 
 
+class _StreamRef:
+    """A torch stream handle in the CUDA stream protocol (what CuPy >= 14 takes)."""
+
+    def __init__(self, handle: int) -> None:
+        self.handle = handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.handle)
+
+
+def _cupy_stream(handle: int, device_index: int) -> Any:
+    import cupy
+
+    if hasattr(cupy.cuda.Stream, "from_external"):
+        return cupy.cuda.Stream.from_external(_StreamRef(handle))
+    return cupy.cuda.ExternalStream(handle, device_index)  # CuPy 13
+
+
+MAX_ELEMENTS = 2**31 - 1
+"""The kernels index in 32 bits: one launch covers fewer elements than this."""
+
+
 class CupyLauncher:
-    """Launches on one CUDA device, on torch's current stream for that device."""
+    """Launches on one CUDA device, on torch's current stream for that device.
+
+    Buffers go to the kernels as raw device pointers of torch tensors (no wrapper object
+    per call); the CuPy stream wrapping each torch stream is made once and kept.
+    """
 
     def __init__(self, device: torch.device) -> None:
         if device.type != "cuda":
             raise BackendUnavailable(f"the CUDA kernels need a CUDA device, got {device}")
-        self.device = torch.device("cuda", device.index or 0)
-        self._index = self.device.index if self.device.index is not None else 0
-        self._module = _module(self._index)
+        self._index = device.index if device.index is not None else torch.cuda.current_device()
+        self.device = torch.device("cuda", self._index)
+        module = _module(self._index)
+        self._functions = {
+            name: module.get_function(name)
+            for name in ("resize_pass1", "resize_pass2", *_FINISH.values())
+        }
         props = torch.cuda.get_device_properties(self.device)
         self._max_blocks = props.multi_processor_count * 16
+        self._streams: dict[int, Any] = {}
 
     def _launch(self, name: str, total: int, args: tuple[Any, ...]) -> None:
         if total <= 0:
             return
+        if total > MAX_ELEMENTS:
+            raise ValueError(f"{total} elements in one launch; split the batch below 2^31")
+        for a in args:
+            if isinstance(a, torch.Tensor) and a.device != self.device:
+                raise ValueError(f"a kernel buffer is on {a.device}, the launcher on {self.device}")
         import cupy
 
+        handle = torch.cuda.current_stream(self.device).cuda_stream
+        stream = self._streams.get(handle)
+        if stream is None:
+            stream = self._streams[handle] = _cupy_stream(handle, self._index)
         blocks = min((total + _BLOCK - 1) // _BLOCK, self._max_blocks)
-        stream = torch.cuda.current_stream(self.device)
-        with cupy.cuda.Device(self._index), cupy.cuda.ExternalStream(stream.cuda_stream):
-            fn = self._module.get_function(name)
-            fn((blocks,), (_BLOCK,), tuple(_arg(a) for a in args))
+        with cupy.cuda.Device(self._index), stream:
+            self._functions[name]((blocks,), (_BLOCK,), tuple(_arg(a) for a in args))
 
     def pass1(
         self,
@@ -116,7 +154,7 @@ class CupyLauncher:
         total: int,
     ) -> None:
         self._launch(
-            "resize_pass1", total, (src, mid, desc, tab, np.int32(n_images), np.int64(total))
+            "resize_pass1", total, (src, mid, desc, tab, np.int32(n_images), np.int32(total))
         )
 
     def pass2(
@@ -132,7 +170,7 @@ class CupyLauncher:
         self._launch(
             "resize_pass2",
             total,
-            (src, mid, desc, tab, dst, np.int32(n_images), np.int64(total)),
+            (src, mid, desc, tab, dst, np.int32(n_images), np.int32(total)),
         )
 
     def finish(
@@ -151,19 +189,24 @@ class CupyLauncher:
         self._launch(
             _FINISH[bits],
             total,
-            (src, mid, desc, tab, table, out, np.int32(n_images), np.int32(patch), np.int64(total)),
+            (
+                src,
+                mid,
+                desc,
+                tab,
+                table,
+                out,
+                np.int32(n_images),
+                np.int32(patch),
+                np.int32(total),
+            ),
         )
 
 
 def _arg(a: Any) -> Any:
-    """CuPy's view of a torch tensor (same memory) or the numpy scalar as it is."""
+    """A tensor's device address as a pointer-sized scalar; numpy scalars as they are."""
     if isinstance(a, torch.Tensor):
-        import cupy
-
-        if not a.is_contiguous():  # reshape would copy and the kernel's writes would be lost
+        if not a.is_contiguous():  # the kernels index it flat
             raise ValueError("kernel buffers must be contiguous")
-        flat = a.reshape(-1)
-        if flat.dtype not in (torch.uint8, torch.int32, torch.int64):
-            flat = flat.view(torch.uint8)
-        return cupy.asarray(flat)
+        return np.uint64(a.data_ptr())
     return a

@@ -17,7 +17,7 @@ from mmwire.materialize._pipeline import _table
 from mmwire.transport import PreprocessSpec
 
 from ._descriptors import ImageJob, Layout, layout_of
-from ._launch import CupyLauncher, Launcher
+from ._launch import MAX_ELEMENTS, CupyLauncher, Launcher
 
 __all__ = ["pack", "preprocess", "preprocess_packed", "resize", "resize_packed"]
 
@@ -136,6 +136,8 @@ def preprocess_packed(
     table = _device_tables(tuple(stats), dtype, device)
     mid = torch.empty(max(layout.mid_bytes, 1), dtype=torch.uint8, device=device)
     run.pass1(src, mid, desc, tab, len(jobs), layout.mid_pixels)
+    if layout.patches * p * p > MAX_ELEMENTS:
+        raise ValueError(f"{layout.patches} patches in one launch; split the batch")
     if out is None:
         out = torch.empty((layout.patches, 3, p, p), dtype=dtype, device=device)
     else:
@@ -153,8 +155,15 @@ def preprocess_packed(
         p,
         layout.patches * p * p,
     )
-    grids = torch.tensor([s.plan.grid.thw for s in specs], dtype=torch.int64).to(device)
-    return out, grids
+    return out, to_device([s.plan.grid.thw for s in specs], device)
+
+
+def to_device(rows: Sequence[tuple[int, ...]], device: torch.device) -> torch.Tensor:
+    """A small int64 table on ``device`` without a host sync (pinned, stream-ordered copy)."""
+    t = torch.tensor(rows, dtype=torch.int64).reshape(len(rows), -1)
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 def preprocess(
@@ -230,6 +239,12 @@ def _check_out(
 
 
 def _check_source(src: torch.Tensor, layout: Layout) -> None:
+    for what, n in (
+        ("intermediate pixels", layout.mid_pixels),
+        ("output pixels", layout.out_pixels),
+    ):
+        if n > MAX_ELEMENTS:
+            raise ValueError(f"{n} {what} in one launch; split the batch below 2^31")
     if src.dtype != torch.uint8 or src.ndim != 1 or not src.is_contiguous():
         raise ValueError("the packed source must be a flat contiguous uint8 tensor")
     if src.numel() < layout.src_bytes:

@@ -13,8 +13,9 @@
 //
 // Every image is described by one row of NF int64 fields (the order is mirrored in
 // kernels/_descriptors.py and checked by tests/test_kernels_host.py). Threads are
-// flattened over all images of a launch; each finds its image by binary search on a
-// running start field, so images of different sizes share one launch.
+// flattened over all images of a launch (in 32-bit: the host refuses a launch of 2^31
+// elements or more); each finds its image by binary search on a running
+// start field, so images of different sizes share one launch.
 
 enum Field {
   SRC_OFF = 0,        // byte offset of the image (uint8 HWC) in the source buffer
@@ -58,7 +59,7 @@ typedef unsigned char u8;
 // The last image whose `field` start is <= i (starts are non-decreasing; an image with no
 // work has the same start as the next one, so the last match is the one that owns i).
 __device__ __forceinline__ int find_image(const i64* __restrict__ desc, int n_images, int field,
-                                          i64 i) {
+                                          int i) {
   int lo = 0, hi = n_images - 1;
   while (lo < hi) {
     int mid = (lo + hi + 1) >> 1;
@@ -166,13 +167,12 @@ __device__ __forceinline__ void to_rgb(const i64* __restrict__ d, int y, int x, 
 // Pass 1 of the images that need two passes: source -> uint8 intermediate.
 extern "C" __global__ void resize_pass1(const u8* __restrict__ src, u8* __restrict__ mid,
                                         const i64* __restrict__ desc, const int* __restrict__ tab,
-                                        int n_images, i64 total) {
-  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-       i += (i64)gridDim.x * blockDim.x) {
+                                        int n_images, int total) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
     const i64* d = desc + (i64)find_image(desc, n_images, MID_START, i) * NF;
-    const i64 j = i - d[MID_START];
+    const int j = i - (int)d[MID_START];
     const int mid_w = (int)d[MID_W];
-    const int y = (int)(j / mid_w), x = (int)(j % mid_w);
+    const int y = j / mid_w, x = j - (j / mid_w) * mid_w;
     const int ch = (int)d[CH];
     const u8* s = src + d[SRC_OFF];
     const i64 row = d[IN_W] * ch;
@@ -185,7 +185,7 @@ extern "C" __global__ void resize_pass1(const u8* __restrict__ src, u8* __restri
       pass_px(s + (i64)x * ch, row, ch, premul, tab + d[Y_K] + (i64)y * d[Y_KSIZE],
               tab[d[Y_XMIN] + y], tab[d[Y_N] + y], out);
     }
-    u8* m = mid + d[MID_OFF] + j * ch;
+    u8* m = mid + d[MID_OFF] + (i64)j * ch;
     for (int c = 0; c < ch; ++c) m[c] = (u8)out[c];
   }
 }
@@ -193,18 +193,17 @@ extern "C" __global__ void resize_pass1(const u8* __restrict__ src, u8* __restri
 // The resize alone: the last pass into uint8 HWC outputs (what Image.resize returns).
 extern "C" __global__ void resize_pass2(const u8* __restrict__ src, const u8* __restrict__ mid,
                                         const i64* __restrict__ desc, const int* __restrict__ tab,
-                                        u8* __restrict__ dst, int n_images, i64 total) {
-  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-       i += (i64)gridDim.x * blockDim.x) {
+                                        u8* __restrict__ dst, int n_images, int total) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
     const i64* d = desc + (i64)find_image(desc, n_images, OUT_START, i) * NF;
-    const i64 j = i - d[OUT_START];
+    const int j = i - (int)d[OUT_START];
     const int out_w = (int)d[OUT_W];
-    const int y = (int)(j / out_w), x = (int)(j % out_w);
+    const int y = j / out_w, x = j - (j / out_w) * out_w;
     int v[4];
     resized_px(src, mid, d, tab, y, x, v);
     unpremultiply(d, v);
     const int ch = (int)d[CH];
-    u8* o = dst + d[OUT_OFF] + j * ch;
+    u8* o = dst + d[OUT_OFF] + (i64)j * ch;
     for (int c = 0; c < ch; ++c) o[c] = (u8)v[c];
   }
 }
@@ -215,17 +214,17 @@ template <typename T>
 __global__ void finish(const u8* __restrict__ src, const u8* __restrict__ mid,
                        const i64* __restrict__ desc, const int* __restrict__ tab,
                        const T* __restrict__ table, T* __restrict__ out, int n_images, int p,
-                       i64 total) {
+                       int total) {
   const int pp = p * p;
-  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-       i += (i64)gridDim.x * blockDim.x) {
-    const i64 prow = i / pp;
-    const int r = (int)(i - prow * pp);
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+    const int prow = i / pp;
+    const int r = i - prow * pp;
     const int py = r / p, px = r - (r / p) * p;
     const i64* d = desc + (i64)find_image(desc, n_images, PATCH_START, prow) * NF;
-    const i64 pj = prow - d[PATCH_START];
+    const int pj = prow - (int)d[PATCH_START];
     const int gw = (int)d[GRID_W];
-    const int y = (int)(pj / gw) * p + py, x = (int)(pj % gw) * p + px;
+    const int gy = pj / gw;
+    const int y = gy * p + py, x = (pj - gy * gw) * p + px;
     int rgb[3] = {0, 0, 0};
     if (y < d[OUT_H] && x < d[OUT_W]) {
       int v[4];
@@ -234,7 +233,7 @@ __global__ void finish(const u8* __restrict__ src, const u8* __restrict__ mid,
       to_rgb(d, y, x, v, rgb);
     }
     const T* tb = table + d[TABLE];
-    T* o = out + (d[ROW] + pj) * 3 * pp + r;
+    T* o = out + (d[ROW] + pj) * 3 * pp + r;  // i64: the output may exceed 2^31 bytes
     o[0] = tb[rgb[0]];
     o[pp] = tb[256 + rgb[1]];
     o[2 * pp] = tb[512 + rgb[2]];
@@ -244,8 +243,8 @@ __global__ void finish(const u8* __restrict__ src, const u8* __restrict__ mid,
 #ifndef __CUDACC_RTC__
 // nvcc (the CI compile check) instantiates what NVRTC gets through name expressions.
 template __global__ void finish<unsigned int>(const u8*, const u8*, const i64*, const int*,
-                                              const unsigned int*, unsigned int*, int, int, i64);
+                                              const unsigned int*, unsigned int*, int, int, int);
 template __global__ void finish<unsigned short>(const u8*, const u8*, const i64*, const int*,
                                                 const unsigned short*, unsigned short*, int, int,
-                                                i64);
+                                                int);
 #endif

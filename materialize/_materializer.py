@@ -155,6 +155,7 @@ class Materializer:
         stream, which orders any later use of the outputs after them.
         """
         from mmwire.kernels import preprocess_packed
+        from mmwire.kernels._ops import to_device
 
         features: LocalSlots[torch.Tensor] = LocalSlots(len(envs))
         raw: list[tuple[torch.Tensor, PreprocessSpec, int]] = []
@@ -206,7 +207,7 @@ class Materializer:
                 )
         finally:
             uploaded.synchronize()  # the host views must outlive the copies from them
-        grid_thw = torch.tensor(grids, dtype=torch.int64).reshape(-1, 3).to(self.device)
+        grid_thw = to_device(grids, self.device)
         for local, row, n in spans:
             features[local] = pixel_values[row : row + n]
         return MaterializedBatch(pixel_values, grid_thw, features, index_map)

@@ -65,7 +65,7 @@ class HostLauncher:
         total: int,
     ) -> None:
         self._lib.resize_pass1(
-            _p(src), _p(mid), _p(desc), _p(tab), ctypes.c_int(n_images), ctypes.c_longlong(total)
+            _p(src), _p(mid), _p(desc), _p(tab), ctypes.c_int(n_images), ctypes.c_int(total)
         )
 
     def pass2(
@@ -85,7 +85,7 @@ class HostLauncher:
             _p(tab),
             _p(dst),
             ctypes.c_int(n_images),
-            ctypes.c_longlong(total),
+            ctypes.c_int(total),
         )
 
     def finish(
@@ -111,5 +111,5 @@ class HostLauncher:
             _p(out),
             ctypes.c_int(n_images),
             ctypes.c_int(patch),
-            ctypes.c_longlong(total),
+            ctypes.c_int(total),
         )
