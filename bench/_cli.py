@@ -42,7 +42,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("h2d", help="H2D from the arena, registered vs pageable (needs CUDA)")
     ker = sub.add_parser("kernels", help="CUDA pixel pipeline vs the torch way and Pillow")
     ker.add_argument("--reps", type=int, default=20)
-    for name in ("pipeline", "gpu-transport"):
+    gt = sub.add_parser("gpu-transport", help="CUDA tensors between processes (needs CUDA)")
+    gt.add_argument("--sizes", default="1M,16M,64M,256M")
+    gt.add_argument("--reps", type=int, default=20)
+    gt.add_argument("--methods", default="cuda_ipc,fabric,cpu,torch_mp")
+    for name in ("pipeline",):
         sub.add_parser(name, help="not available yet: see the open issues")
     args = parser.parse_args(argv)
     command = args.command or "demo"
@@ -72,6 +76,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ._kernels import run_kernels
 
         run_kernels(reps=args.reps, out_dir=args.out)
+    elif command == "gpu-transport":
+        from ._gpu_transport import run_gpu_transport
+
+        run_gpu_transport(
+            _sizes(args.sizes), args.reps, tuple(args.methods.split(",")), out_dir=args.out
+        )
     else:
         parser.exit(2, f"mmwire-bench {command}: not implemented yet in this version\n")
     return 0

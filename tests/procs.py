@@ -112,3 +112,54 @@ def materialize_rank(
         time.sleep(0.5)
     finally:
         c.close()
+
+
+def gpu_consume(
+    rank: int, endpoint: str, handover: str, n_batches: int, q: Any, hold: bool = False
+) -> None:
+    """Receive device-pool batches; report sha256 of each owned item's bytes (read on the GPU
+    stream, then copied out), or hold the first batch until killed."""
+    import torch
+
+    c = CpuConsumer(rank, endpoint, handover=handover, device="cuda")
+    q.put(("joined", rank))
+    try:
+        for i in range(n_batches):
+            b = c.recv(timeout=60)
+            digests = {}
+            for g in b.owned:
+                t = b.open_tensor(g)
+                host = t.reshape(-1).view(torch.uint8).cpu()  # stream-ordered after the wait
+                digests[g.value] = hashlib.sha256(host.numpy().tobytes()).hexdigest()
+            if hold:
+                q.put(("holding", rank, digests))
+                time.sleep(3600)
+            b.release()
+            if i % 1000 == 0 or i == n_batches - 1:
+                q.put(("batch", rank, i, digests))
+        torch.cuda.synchronize()
+        q.put(("done", rank))
+        time.sleep(1.0)
+    except PeerGone as e:
+        q.put(("peer-gone", rank, str(e)))
+    except Exception as e:
+        q.put(("error", rank, repr(e)))
+        raise
+    finally:
+        c.close()
+
+
+def gpu_produce_then_hang(q: Any, kind: str) -> None:
+    """A producer with a device pool that publishes one item to rank 0, then waits to be killed."""
+    import torch
+    from mmwire.transport import CpuProducer, Grid, Item
+
+    p = CpuProducer(device_pool=kind, device="cuda", device_pool_size=8 << 20)  # type: ignore[arg-type]
+    q.put(("ready", p.endpoint, p.handover_path))
+    p.wait_for_consumers([0], timeout=60)
+    data = torch.arange(1 << 16, dtype=torch.int32, device="cuda")
+    p.publish("r0", [Item(data=data, consumers=(0,), kind="embedding", grid=Grid((1, 1)))])
+    p.publish("r1", [Item(data=data, consumers=(0,), kind="embedding", grid=Grid((1, 1)))])
+    torch.cuda.synchronize()
+    q.put(("published",))
+    time.sleep(3600)

@@ -2,7 +2,10 @@
 
 General layout: ``_errors`` (the exception tree), ``_index`` (GlobalIndex/LocalIndex and
 their tables), ``_schema`` (the envelope Structs), ``_codec`` (frames <-> envelopes),
-``_views`` (zero-copy array views). Every public name is re-exported here exactly once.
+``_views`` (zero-copy array views), ``_arena``/``_handover``/``_cpu`` (the cpu backend),
+``_cuda``/``_device_pool``/``_gpu`` (the GPU backends' pools behind the same API),
+``_select`` (what ``device_pool="auto"`` picks). Every public name is re-exported here
+exactly once.
 """
 
 from ._arena import ArenaStatistics as ArenaStatistics
@@ -18,6 +21,7 @@ from ._cpu import Item as Item
 from ._cpu import ProducerStatistics as ProducerStatistics
 from ._cpu import ReceivedBatch as ReceivedBatch
 from ._errors import ArenaFull as ArenaFull
+from ._gpu import DevicePoolStatistics as DevicePoolStatistics
 from ._errors import BackendUnavailable as BackendUnavailable
 from ._errors import BusyResourceError as BusyResourceError
 from ._errors import ByteLengthMismatch as ByteLengthMismatch
@@ -43,6 +47,8 @@ from ._index import IndexMap as IndexMap
 from ._index import LocalIndex as LocalIndex
 from ._index import LocalSlots as LocalSlots
 from ._schema import DTYPES as DTYPES
+from ._select import BackendChoice as BackendChoice
+from ._select import choose_backend as choose_backend
 from ._schema import SCHEMA_VERSION as SCHEMA_VERSION
 from ._schema import Background as Background
 from ._schema import CpuRef as CpuRef
@@ -63,6 +69,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "ArenaFull",
     "ArenaStatistics",
+    "BackendChoice",
     "BackendUnavailable",
     "Background",
     "BatchDecoder",
@@ -76,6 +83,7 @@ __all__ = [
     "CudaIpcRef",
     "CurveKeys",
     "DecodedBatch",
+    "DevicePoolStatistics",
     "DimensionError",
     "EnvelopeError",
     "FabricRef",
@@ -108,6 +116,7 @@ __all__ = [
     "TensorSpec",
     "TransportError",
     "UnknownDtype",
+    "choose_backend",
     "encode_batch",
     "numpy_view",
     "torch_view",

@@ -85,6 +85,7 @@ from ._errors import (
     PeerGone,
     StaleReference,
 )
+from ._gpu import ConsumerDevice, DevicePoolMode, DevicePoolStatistics, ProducerDevice
 from ._handover import HandoverServer, receive_arena
 from ._index import GlobalIndex, GlobalTable
 from ._pixels import keeps_alpha
@@ -92,6 +93,8 @@ from ._schema import (
     DTYPES,
     SCHEMA_VERSION,
     CpuRef,
+    CudaIpcRef,
+    FabricRef,
     FeatureEnvelope,
     Grid,
     InlineRef,
@@ -100,6 +103,8 @@ from ._schema import (
     PreprocessSpec,
     TensorSpec,
 )
+from ._select import BackendChoice
+from ._views import _TORCH as _TORCH_DTYPES
 from ._views import numpy_view, torch_view
 
 __all__ = [
@@ -146,8 +151,10 @@ class Item:
     """One payload of a request, as the producer hands it to :meth:`CpuProducer.publish`.
 
     Attributes:
-        data: a numpy array, a CPU torch tensor, a PIL image or encoded image bytes. Images
+        data: a numpy array, a torch tensor, a PIL image or encoded image bytes. Images
             and bytes become uint8 ``(H, W, C)`` pixels (RGB, RGBA when alpha is kept, L).
+            A CUDA tensor goes into the producer's device pool when it has one (else it
+            is copied to the host arena once).
         consumers: the rank(s) that own the item and will read its payload.
         kind: ``raw`` (pixels, preprocessing deferred), ``processed`` or ``embedding``.
         grid: the item's patch grid; for raw items it may be left to ``preprocess``.
@@ -177,6 +184,8 @@ class ProducerStatistics:
     """Zero-copy sends to remote consumers not yet done."""
     handovers_refused: int
     """Processes refused the arena (credentials or a malformed handover)."""
+    device_pool: DevicePoolStatistics | None = None
+    """The device pool's use, when the producer has one."""
 
 
 def _pixels_of_image(im: Image.Image) -> np.ndarray[Any, Any]:
@@ -187,6 +196,10 @@ def _pixels_of_image(im: Image.Image) -> np.ndarray[Any, Any]:
         im = im.convert("RGB")
     arr = np.asarray(im)
     return arr[:, :, None] if arr.ndim == 2 else arr
+
+
+def _is_cuda(data: Any) -> bool:
+    return isinstance(data, torch.Tensor) and data.is_cuda
 
 
 def _as_array(data: Any) -> tuple[np.ndarray[Any, Any], str]:
@@ -221,13 +234,14 @@ def _envelope(
     request_id: str,
     index: int,
     item: Item,
-    arr: np.ndarray[Any, Any],
+    shape: tuple[int, ...],
+    nbytes: int,
     dtype: str,
-    payload: CpuRef | InlineRef,
+    payload: CpuRef | InlineRef | CudaIpcRef | FabricRef,
 ) -> FeatureEnvelope:
     spec = item.preprocess
     if callable(spec):
-        spec = spec(arr.shape[1], arr.shape[0])
+        spec = spec(shape[1], shape[0])
     grid = item.grid if item.grid is not None else (spec.plan.grid if spec is not None else None)
     if grid is None:
         raise MalformedEnvelope(f"item {index} of request {request_id!r} needs a `grid`")
@@ -238,7 +252,7 @@ def _envelope(
         modality=item.modality,
         kind=item.kind,
         grid=grid,
-        tensor=TensorSpec(dtype=dtype, shape=tuple(arr.shape), nbytes=arr.nbytes),
+        tensor=TensorSpec(dtype=dtype, shape=shape, nbytes=nbytes),
         payload=payload,
         consumers=tuple(item.consumers),
         preprocess=spec,
@@ -258,6 +272,13 @@ class CpuProducer:
         allowed_uids: uids allowed to receive the arena (default: this process's uid).
         curve: a server key pair; with it a ``tcp://`` endpoint only accepts clients whose
             public key is in ``curve_clients``, and traffic is encrypted.
+        device_pool: keep CUDA tensors on the GPU: ``"cuda_ipc"`` (one ``cuMemAlloc`` pool,
+            IPC handle), ``"fabric"`` (a VMM pool: FABRIC handle if the driver permits,
+            else a POSIX fd over the handover socket), ``"auto"`` (the rule of
+            :func:`choose_backend`; ``backend_choice`` says what and why), ``"none"``.
+        device / device_pool_size: the pool's GPU and data bytes.
+        on_pool_full: ``"cpu"`` sends CUDA items through the host arena when the pool is
+            full (warns once); ``"wait"`` reclaims until ``full_timeout``, then ``ArenaFull``.
 
     Not thread-safe: one thread publishes (``BusyResourceError`` is not checked on the hot path).
     """
@@ -273,7 +294,19 @@ class CpuProducer:
         curve: CurveKeys | None = None,
         curve_clients: Collection[bytes] = (),
         prefault: bool = True,
+        device_pool: DevicePoolMode = "none",
+        device: str | torch.device | None = None,
+        device_pool_size: int = 256 << 20,
+        on_pool_full: Literal["cpu", "wait"] = "cpu",
     ) -> None:
+        self._device = ProducerDevice(
+            device_pool,
+            None if device is None else torch.device(device),
+            device_pool_size,
+            spans_hosts=(endpoint or "").startswith("tcp://"),
+            on_full=on_pool_full,
+            full_timeout=full_timeout,
+        )
         self._dir = tempfile.mkdtemp(prefix="mmwire-")
         os.chmod(self._dir, 0o700)
         self.arena = Arena(arena_size, prefault=prefault)
@@ -288,6 +321,8 @@ class CpuProducer:
             self.arena.size,
             self._on_consumer_gone,
             allowed_uids=allowed_uids,
+            pool=self._device.offer,
+            pool_fd=self._device.fd,
         )
         self._ctx = zmq.Context()
         self._auth: Any = None
@@ -320,6 +355,11 @@ class CpuProducer:
         self._sock.curve_publickey = keys.public
 
     @property
+    def backend_choice(self) -> BackendChoice:
+        """Which backend this producer's CUDA items use, and why."""
+        return self._device.choice
+
+    @property
     def handover_path(self) -> str:
         """The Unix socket consumers on this host pass to :class:`CpuConsumer`."""
         return self.handover.path
@@ -338,6 +378,7 @@ class CpuProducer:
             gone, self._gone = self._gone, []
         for rank in gone:
             self._routes.pop(rank, None)
+            self._device.rank_gone(rank)
         still = []
         for tracker, start, gen, rank in self._trackers:
             if tracker.done:
@@ -375,16 +416,17 @@ class CpuProducer:
     # -- publishing -------------------------------------------------------------------
 
     def publish(self, request_id: str, items: Sequence[Item]) -> list[FeatureEnvelope]:
-        """Write one request's payloads once into one lease and send its envelopes to every rank.
+        """Write one request's payloads once and send its envelopes to every rank.
 
-        Returns the envelopes sent (with ``CpuRef`` payloads, or ``InlineRef`` after an
-        inline fallback). Raises ``ArenaFull`` (``on_full='wait'``), ``PeerGone`` when a
-        named consumer is not joined, ``TypeError``/``EnvelopeError`` for bad items; a
-        failed publish leaves nothing allocated.
+        Host payloads go into one arena lease (``CpuRef``, or ``InlineRef`` after an inline
+        fallback); CUDA tensors into the device pool when there is one and every consumer
+        of the item is on this host (``CudaIpcRef``/``FabricRef``), else through the host.
+        Raises ``ArenaFull``, ``PeerGone`` when a named consumer is not joined,
+        ``TypeError``/``EnvelopeError`` for bad items; a failed publish leaves nothing
+        allocated.
         """
         self._check_open()
         self.poll(0)
-        arrays = [_as_array(item.data) for item in items]
         owners: set[int] = set()
         for k, item in enumerate(items):
             if not item.consumers:
@@ -396,35 +438,70 @@ class CpuProducer:
                 f"request {request_id!r} names consumer ranks {missing}, which have not joined "
                 f"(joined: {sorted(self._routes)})"
             )
-        sizes = [a.nbytes for a, _ in arrays]
+        placed: dict[int, tuple[CudaIpcRef | FabricRef, tuple[int, ...], str]] = {}
         try:
-            lease = self.arena.allocate(sizes, owners, self.full_timeout, drain=self.poll)
-        except ArenaFull:
-            if self.on_full != "inline":
-                raise
-            return self._publish_inline(request_id, items, arrays)
+            for k, item in enumerate(items):
+                if all(self._routes[r][1] for r in item.consumers):  # all on this host
+                    placement = self._device.place(item.data, item.consumers, self.poll)
+                    if placement is not None:
+                        placed[k] = placement
+            arrays = {
+                k: _as_array(item.data.cpu() if _is_cuda(item.data) else item.data)
+                for k, item in enumerate(items)
+                if k not in placed
+            }
+            host_owners = {r for k in arrays for r in items[k].consumers}
+            lease = None
+            if arrays:
+                try:
+                    lease = self.arena.allocate(
+                        [a.nbytes for a, _ in arrays.values()],
+                        host_owners,
+                        self.full_timeout,
+                        drain=self.poll,
+                    )
+                except ArenaFull:
+                    if self.on_full != "inline" or placed:
+                        raise
+                    return self._publish_inline(request_id, items, list(arrays.values()))
+        except BaseException:
+            self._device.undo([ref for ref, _, _ in placed.values()])
+            raise
         try:
+            slots = iter(lease.slots if lease is not None else ())
+            start, generation = (lease.start, lease.generation) if lease is not None else (0, 0)
             envs = []
-            for k, ((arr, dtype), item, (off, n)) in enumerate(zip(arrays, items, lease.slots)):
+            for k, item in enumerate(items):
+                if k in placed:
+                    ref, shape, dtype = placed[k]
+                    envs.append(_envelope(request_id, k, item, shape, ref.length, dtype, ref))
+                    continue
+                arr, dtype = arrays[k]
+                off, n = next(slots)
                 dst = np.frombuffer(self.arena.view, dtype=np.uint8, count=n, offset=off)
                 dst[:] = arr.reshape(-1).view(np.uint8)
-                ref = CpuRef(
+                cref = CpuRef(
                     arena_id=self.arena.id,
-                    lease=lease.start,
+                    lease=start,
                     offset=off,
                     length=n,
-                    generation=lease.generation,
+                    generation=generation,
                 )
-                envs.append(_envelope(request_id, k, item, arr, dtype, ref))
-            self.arena.publish(lease)
+                envs.append(
+                    _envelope(request_id, k, item, tuple(arr.shape), arr.nbytes, dtype, cref)
+                )
+            if lease is not None:
+                self.arena.publish(lease)
         except BaseException:
-            for r in owners:
-                self.arena.release(lease.start, lease.generation, r)
+            self._device.undo([ref for ref, _, _ in placed.values()])
+            if lease is not None:
+                for r in host_owners:
+                    self.arena.release(lease.start, lease.generation, r)
             raise
-        self._send(envs, lease.start, lease.generation)
+        self._send(envs, None if lease is None else (lease.start, lease.generation))
         return envs
 
-    def _send(self, envs: list[FeatureEnvelope], start: int, generation: int) -> None:
+    def _send(self, envs: list[FeatureEnvelope], lease: tuple[int, int] | None) -> None:
         shared_frames = encode_batch(envs)
         for rank, (ident, shared) in list(self._routes.items()):
             owned = [] if shared else [k for k, e in enumerate(envs) if rank in e.consumers]
@@ -444,8 +521,8 @@ class CpuProducer:
             tracker = self._sock.send_multipart(
                 [ident, *encode_batch(remote_envs, frames)], copy=False, track=True
             )
-            if tracker is not None:
-                self._trackers.append((tracker, start, generation, rank))
+            if tracker is not None and lease is not None:
+                self._trackers.append((tracker, lease[0], lease[1], rank))
 
     def _arena_slice(self, env: FeatureEnvelope) -> memoryview:
         ref = env.payload
@@ -463,7 +540,7 @@ class CpuProducer:
             self._warned_inline = True
         self._inline_fallbacks += 1
         envs = [
-            _envelope(request_id, k, item, arr, dtype, InlineRef(frame=k))
+            _envelope(request_id, k, item, tuple(arr.shape), arr.nbytes, dtype, InlineRef(frame=k))
             for k, ((arr, dtype), item) in enumerate(zip(arrays, items))
         ]
         frames = encode_batch(envs, [arr.tobytes() for arr, _ in arrays])
@@ -479,7 +556,14 @@ class CpuProducer:
             inline_fallbacks=self._inline_fallbacks,
             sends_in_flight=len(self._trackers),
             handovers_refused=self.handover.refused,
+            device_pool=self._device.statistics(),
         )
+
+    def reclaim(self) -> int:
+        """Check the device pool's acknowledgements now (one batched read); slots freed."""
+        self._check_open()
+        self.poll(0)
+        return 0 if self._device.pool is None else self._device.pool.reclaim()
 
     def _check_open(self) -> None:
         if self.closed:
@@ -496,6 +580,7 @@ class CpuProducer:
             self._auth.stop()
         self._ctx.term()
         self.arena.close()
+        self._device.close()
         shutil.rmtree(self._dir, ignore_errors=True)
 
     def __enter__(self) -> CpuProducer:
@@ -551,6 +636,9 @@ class CpuConsumer:
             host, which then gets payloads as inline frames through the same API.
         limits: ceilings for decoding untrusted batches.
         curve_server_key / curve: CURVE keys for ``tcp://``.
+        device: the GPU on which this rank opens device-pool items (default: the current
+            CUDA device, at the first such item; processes without GPU items never touch
+            CUDA).
     """
 
     def __init__(
@@ -562,15 +650,19 @@ class CpuConsumer:
         limits: Limits | None = None,
         curve_server_key: bytes | None = None,
         curve: CurveKeys | None = None,
+        device: str | torch.device | None = None,
     ) -> None:
         self.rank = rank
         self._decoder = BatchDecoder(limits)
         self._mapping: _Mapping | None = None
         self._handover_conn: socket.socket | None = None
+        dev = None if device is None else torch.device(device)
+        self._device = ConsumerDevice(None, None, dev)
         if handover is not None:
-            conn, fd, arena_id, size = receive_arena(handover, rank)
-            self._handover_conn = conn
-            self._mapping = _Mapping(fd, arena_id, size)
+            h = receive_arena(handover, rank)
+            self._handover_conn = h.conn
+            self._mapping = _Mapping(h.fd, h.arena_id, h.size)
+            self._device = ConsumerDevice(h.pool, h.pool_fd, dev)
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -623,13 +715,42 @@ class CpuConsumer:
         self._check_open()
         batch = self._decoder.decode(frames)
         self._batches += 1
+        mine = [e for e in batch.envelopes.values() if self.rank in e.consumers]
         leases = {
-            (e.payload.lease, e.payload.generation)
-            for e in batch.envelopes.values()
-            if isinstance(e.payload, CpuRef) and self.rank in e.consumers
+            (e.payload.lease, e.payload.generation) for e in mine if isinstance(e.payload, CpuRef)
         }
+        device = [e for e in mine if isinstance(e.payload, (CudaIpcRef, FabricRef))]
         self._held |= leases
-        return ReceivedBatch(self, batch.envelopes, batch.frames, leases)
+        return ReceivedBatch(self, batch.envelopes, batch.frames, leases, device)
+
+    def _open_device(self, env: FeatureEnvelope, waited: set[int]) -> torch.Tensor:
+        """A device view of an owned pool item, ordered after the producer's copy."""
+        where = f"item {env.index.value} of request {env.request_id!r}"
+        if self.rank not in env.consumers:
+            raise NotAConsumer(
+                f"rank {self.rank} is not a consumer of {where} (consumers {list(env.consumers)})"
+            )
+        if not self.producer_alive():
+            raise PeerGone(f"rank {self.rank}: the producer of {where} went away")
+        mapping, ref = self._device.check(env, self.rank)
+        if env.index.value not in waited:
+            mapping.wait_ready(ref.slot, ref.generation)
+            waited.add(env.index.value)
+        self._opened += 1
+        self._opened_bytes += env.tensor.nbytes
+        dtype = _TORCH_DTYPES[env.tensor.dtype]
+        return mapping.tensor(ref.offset, ref.length, dtype, env.tensor.shape)
+
+    def _acknowledge(self, envs: list[FeatureEnvelope]) -> None:
+        """Stream-ordered acks for this rank's device items, after its reads so far."""
+        if not envs or self.closed or self._device.offer is None or not self.producer_alive():
+            return
+        for env in envs:
+            try:
+                mapping, ref = self._device.check(env, self.rank)
+            except (StaleReference, OffsetError):
+                continue  # a reference that never named a real slot has nothing to free
+            mapping.acknowledge(ref.slot, self.rank, ref.generation)
 
     def _open_bytes(self, env: FeatureEnvelope, frames: tuple[Any, ...]) -> tuple[Any, int]:
         """The buffer and offset of an owned item's payload, after every check."""
@@ -723,6 +844,7 @@ class CpuConsumer:
             with contextlib.suppress(Exception):
                 torch.cuda.cudart().cudaHostUnregister(self._mapping.address)  # type: ignore[no-untyped-call]
         self._mapping = None
+        self._device.close()
 
     def __enter__(self) -> CpuConsumer:
         return self
@@ -744,7 +866,9 @@ class ReceivedBatch:
     envelopes: GlobalTable[FeatureEnvelope]
     _frames: tuple[Any, ...]
     _leases: set[tuple[int, int]]
+    _device: list[FeatureEnvelope] = field(default_factory=list)
     released: bool = field(default=False)
+    _waited: set[int] = field(default_factory=set)
 
     @property
     def owned(self) -> tuple[GlobalIndex, ...]:
@@ -762,20 +886,39 @@ class ReceivedBatch:
         return env, buf, off
 
     def open(self, index: GlobalIndex) -> np.ndarray[Any, Any]:
-        """A read-only numpy view of item ``index``'s payload (no copy)."""
+        """A read-only numpy view of item ``index``'s payload (no copy; host items only)."""
+        if isinstance(self.envelopes[index].payload, (CudaIpcRef, FabricRef)):
+            raise BackendUnavailable(
+                f"item {index.value} is in a device pool: open it with open_tensor"
+            )
         env, buf, off = self._buffer(index)
         return numpy_view(env.tensor, buf, off)
 
     def open_tensor(self, index: GlobalIndex) -> torch.Tensor:
-        """A CPU tensor view of item ``index``'s payload (no copy; do not write into it)."""
+        """A tensor view of item ``index``'s payload (no copy; do not write into it).
+
+        Host items give a CPU tensor. Device-pool items give a CUDA tensor on this rank's
+        device; the current stream is made to wait (on the GPU, not the host) until the
+        producer's copy has landed, so read it on that stream.
+        """
+        env = self.envelopes[index]
+        if isinstance(env.payload, (CudaIpcRef, FabricRef)):
+            if self.released:
+                raise ClosedResourceError("this batch was released; its payloads may be reused")
+            return self._consumer._open_device(env, self._waited)
         env, buf, off = self._buffer(index)
         return torch_view(env.tensor, buf, off)
 
     def release(self) -> None:
-        """Tell the producer this rank is done with the batch's payloads (idempotent)."""
+        """Tell the producer this rank is done with the batch's payloads (idempotent).
+
+        Device-pool items are acknowledged on the current stream, after the reads queued
+        on it so far: enqueue the work that reads them before releasing.
+        """
         if not self.released:
             self.released = True
             self._consumer._release(self._leases)
+            self._consumer._acknowledge(self._device)
 
     def __enter__(self) -> ReceivedBatch:
         return self

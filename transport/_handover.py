@@ -41,13 +41,14 @@ import socket
 import struct
 import threading
 from collections.abc import Callable, Collection
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
+from ._device_pool import PoolOffer
 from ._errors import HandoverRefused, PeerGone
 
-__all__ = ["HandoverServer", "receive_arena"]
+__all__ = ["Handover", "HandoverServer", "receive_arena"]
 
 
 class Hello(msgspec.Struct, frozen=True, tag=True):
@@ -58,6 +59,8 @@ class Hello(msgspec.Struct, frozen=True, tag=True):
 class Offer(msgspec.Struct, frozen=True, tag=True):
     arena_id: str
     size: int
+    pool: PoolOffer | None = None
+    """The producer's device pool, if it has one; a ``posix_fd`` pool's fd is the second fd."""
 
 
 class Refusal(msgspec.Struct, frozen=True, tag=True):
@@ -91,10 +94,12 @@ class HandoverServer:
         on_gone: Callable[[int], None],
         *,
         allowed_uids: Collection[int] | None = None,
+        pool: PoolOffer | None = None,
+        pool_fd: int | None = None,
     ) -> None:
         self.path = path
-        self._fd = arena_fd
-        self._offer = _ENC.encode(Offer(arena_id=arena_id, size=arena_size))
+        self._fds = [arena_fd] if pool_fd is None else [arena_fd, pool_fd]
+        self._offer = _ENC.encode(Offer(arena_id=arena_id, size=arena_size, pool=pool))
         self._allowed = set(allowed_uids) if allowed_uids is not None else {os.getuid()}
         self._on_gone = on_gone
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
@@ -137,19 +142,12 @@ class HandoverServer:
                 raise HandoverRefused("expected a Hello")
             if uid not in self._allowed:
                 self.refused += 1
-                conn.sendall(
-                    _frame(
-                        _ENC.encode(
-                            Refusal(
-                                reason=f"uid {uid} is not in the allowed uids {sorted(self._allowed)}"
-                            )
-                        )
-                    )
-                )
+                why = f"uid {uid} is not in the allowed uids {sorted(self._allowed)}"
+                conn.sendall(_frame(_ENC.encode(Refusal(reason=why))))
                 conn.close()
                 return
             payload = _frame(self._offer)
-            socket.send_fds(conn, [payload], [self._fd])
+            socket.send_fds(conn, [payload], self._fds)
             conn.settimeout(None)
             with self._lock:
                 self._conns[conn] = hello.rank
@@ -209,21 +207,30 @@ def _recv_msg(conn: socket.socket, limit: int = 1 << 16) -> bytes:
     return _recv_exact(conn, n)
 
 
-def receive_arena(
-    path: str, rank: int, timeout: float = 10.0
-) -> tuple[socket.socket, int, str, int]:
-    """Connect to a producer's handover socket: ``(connection, fd, arena_id, size)``.
+class Handover(NamedTuple):
+    """What a consumer process gets from the producer, once."""
 
-    Keep the connection open for the life of the process: closing it tells the producer
-    this rank is gone. Raises ``HandoverRefused`` or ``PeerGone`` (``__cause__`` = OSError).
+    conn: socket.socket
+    """Keep open for the life of the process: its EOF is each side's liveness signal."""
+    fd: int
+    arena_id: str
+    size: int
+    pool: PoolOffer | None
+    pool_fd: int | None
+
+
+def receive_arena(path: str, rank: int, timeout: float = 10.0) -> Handover:
+    """Connect to a producer's handover socket and receive its arena (and device pool).
+
+    Raises ``HandoverRefused`` or ``PeerGone`` (``__cause__`` = OSError).
     """
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     conn.settimeout(timeout)
     try:
         conn.connect(path)
         conn.sendall(_frame(_ENC.encode(Hello(rank=rank, pid=os.getpid()))))
-        # The fd rides on the first segment: receive it with the ancillary data, whole.
-        first, fds, _, _ = socket.recv_fds(conn, 1 << 16, 1)
+        # The fds ride on the first segment: receive them with the ancillary data, whole.
+        first, fds, _, _ = socket.recv_fds(conn, 1 << 16, 2)
         if len(first) < 4:
             first += _recv_exact(conn, 4 - len(first))
         (n,) = struct.unpack("<I", first[:4])
@@ -236,22 +243,30 @@ def receive_arena(
     except OSError as e:
         conn.close()
         raise PeerGone(f"handover with the producer at {path!r} failed: {e}") from e
+
+    def fail(error: Exception) -> Exception:
+        for fd in fds:
+            os.close(fd)
+        conn.close()
+        return error
+
     try:
         reply = _DEC.decode(msg)
     except msgspec.MsgspecError as e:
-        for fd in fds:
-            os.close(fd)
-        conn.close()
-        raise PeerGone(f"the producer at {path!r} sent a malformed handover reply: {e}") from e
+        raise fail(
+            PeerGone(f"the producer at {path!r} sent a malformed handover reply: {e}")
+        ) from e
     if isinstance(reply, Refusal):
-        for fd in fds:
-            os.close(fd)
-        conn.close()
-        raise HandoverRefused(f"the producer refused this process: {reply.reason}")
-    if not isinstance(reply, Offer) or len(fds) != 1:
-        for fd in fds:
-            os.close(fd)
-        conn.close()
-        raise PeerGone("the producer sent no arena fd")
+        raise fail(HandoverRefused(f"the producer refused this process: {reply.reason}"))
+    want = 2 if reply_pool_fd(reply) else 1
+    if not isinstance(reply, Offer) or len(fds) != want:
+        raise fail(PeerGone(f"the producer sent {len(fds)} fds, expected {want}"))
     conn.settimeout(None)
-    return conn, fds[0], reply.arena_id, reply.size
+    return Handover(
+        conn, fds[0], reply.arena_id, reply.size, reply.pool, fds[1] if want == 2 else None
+    )
+
+
+def reply_pool_fd(reply: object) -> bool:
+    """Whether an offer carries a second fd (a ``posix_fd`` device pool)."""
+    return isinstance(reply, Offer) and reply.pool is not None and reply.pool.kind == "posix_fd"

@@ -1,0 +1,174 @@
+"""``mmwire-bench gpu-transport``: a CUDA tensor from a producer process to a consumer process.
+
+Latency = producer calls publish (the feature tensor already exists on its GPU) until the
+consumer holds a usable CUDA tensor (its stream has passed the wait and is synchronised),
+both read from ``CLOCK_MONOTONIC``, which is system-wide. Methods:
+
+* ``cuda_ipc`` / ``fabric``: mmwire device pools (one D2D copy into the pool, stream-ordered
+  ready flag; the consumer's stream waits on the GPU; it acknowledges on release);
+* ``cpu``: mmwire without a device pool (the tensor goes D2H into the arena, the consumer
+  uploads from its registered mapping), what a GPU tensor costs on the cpu backend;
+* ``torch_mp``: ``torch.multiprocessing`` queue with CUDA tensor sharing (cudaIpcMemHandle
+  of the allocator block, pickled; the consumer opens it, cached per block), the way
+  engines that pass CUDA tensors between processes do it.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from ._report import percentile, write_run
+
+SPAWN = mp.get_context("spawn")
+METHODS = ("cuda_ipc", "fabric", "cpu", "torch_mp")
+
+
+def _consumer(method: str, endpoint: str, handover: str, n: int, tq: Any, out: Any) -> None:
+    """Receive ``n`` tensors; report the monotonic time each became usable on this GPU."""
+    torch.cuda.init()  # type: ignore[no-untyped-call]
+    if method == "torch_mp":
+        out.put(("joined",))
+        for _ in range(n):
+            t = tq.get()
+            t.view(-1)[-1:].sum()  # touch it on this process's stream
+            torch.cuda.current_stream().synchronize()
+            out.put(("ready", time.monotonic(), int(t.numel())))
+            del t
+        return
+    from mmwire.transport import CpuConsumer, GlobalIndex
+
+    c = CpuConsumer(0, endpoint, handover=handover, device="cuda")
+    if method == "cpu":
+        c.register_with_cuda()
+    out.put(("joined",))
+    try:
+        for _ in range(n):
+            with c.recv(60) as b:
+                t = b.open_tensor(GlobalIndex(0))
+                if not t.is_cuda:
+                    t = t.to("cuda", non_blocking=True)
+                t.view(-1)[-1:].sum()
+                torch.cuda.current_stream().synchronize()
+                out.put(("ready", time.monotonic(), int(t.numel())))
+        torch.cuda.synchronize()
+        time.sleep(0.5)
+    finally:
+        c.close()
+
+
+def _run_method(method: str, size: int, reps: int) -> list[float]:
+    from mmwire.transport import CpuProducer, Grid, Item
+
+    src = torch.randint(0, 256, (size,), dtype=torch.uint8, device="cuda")
+    out: Any = SPAWN.Queue()
+    tq: Any = None
+    producer = None
+    if method == "torch_mp":
+        import torch.multiprocessing as tmp
+
+        tq = tmp.get_context("spawn").Queue()
+        endpoint = handover = ""
+    else:
+        pool = "none" if method == "cpu" else method
+        producer = CpuProducer(
+            device_pool=pool,  # type: ignore[arg-type]
+            device="cuda",
+            device_pool_size=max(2 * size, 64 << 20),
+            arena_size=max(2 * size, 64 << 20),
+            on_pool_full="wait",
+        )
+        endpoint, handover = producer.endpoint, producer.handover_path
+    proc = SPAWN.Process(target=_consumer, args=(method, endpoint, handover, reps + 2, tq, out))
+    proc.start()
+    samples = []
+    try:
+        if out.get(timeout=120)[0] != "joined":
+            raise RuntimeError(f"{method}: the consumer did not join")
+        if producer is not None:
+            producer.wait_for_consumers([0], 60)
+        for i in range(reps + 2):
+            feature = src.clone()  # the encoder's fresh output of this request
+            torch.cuda.synchronize()
+            t0 = time.monotonic()
+            if producer is None:
+                tq.put(feature)
+            else:
+                producer.publish(
+                    f"r{i}",
+                    [Item(data=feature, consumers=(0,), kind="embedding", grid=Grid((1, 1)))],
+                )
+            kind, t_ready, numel = out.get(timeout=120)
+            if kind != "ready" or numel != size:
+                raise RuntimeError(f"{method}: consumer reported {kind} {numel}")
+            if i >= 2:  # two warm-ups: imports, handle opens, first allocations
+                samples.append(t_ready - t0)
+            if producer is not None:
+                producer.poll(0)
+    finally:
+        proc.join(60)
+        if proc.is_alive():
+            proc.kill()
+        if producer is not None:
+            producer.close()
+    return samples
+
+
+def run_gpu_transport(
+    sizes: list[int] | None = None,
+    reps: int = 20,
+    methods: tuple[str, ...] = METHODS,
+    out_dir: Path | None = None,
+    console: Console | None = None,
+) -> Path:
+    """Publish -> consumer-ready latency and throughput per method and size (needs CUDA)."""
+    console = console or Console()
+    if not torch.cuda.is_available():
+        raise SystemExit("mmwire-bench gpu-transport needs a CUDA device")
+    sizes = sizes or [1 << 20, 16 << 20, 64 << 20, 256 << 20]
+    rows: list[dict[str, Any]] = []
+    for size in sizes:
+        for method in methods:
+            console.print(f"gpu-transport: {method} {size >> 20} MiB")
+            rows.append(
+                {"method": method, "bytes": size, "seconds": _run_method(method, size, reps)}
+            )
+    table = Table(title="CUDA tensor, producer process -> consumer process (one GPU), p50")
+    for col in ("size", "method", "p50", "p99", "GB/s at p50", "vs torch_mp"):
+        table.add_column(col, justify="right")
+    base = {r["bytes"]: percentile(r["seconds"], 50) for r in rows if r["method"] == "torch_mp"}
+    for r in rows:
+        p50 = percentile(r["seconds"], 50)
+        ref = base.get(r["bytes"])
+        table.add_row(
+            f"{r['bytes'] >> 20} MiB",
+            r["method"],
+            f"{p50 * 1e3:.3f} ms",
+            f"{percentile(r['seconds'], 99) * 1e3:.3f} ms",
+            f"{r['bytes'] / p50 / 1e9:.1f}",
+            f"{ref / p50:.2f}x" if ref else "-",
+        )
+    console.print(table)
+    folder = write_run(
+        "gpu-transport",
+        {
+            "kind": "gpu-transport",
+            "rows": rows,
+            "notes": [
+                "latency: publish call until the consumer's stream is past the ready wait and "
+                "synchronised (CLOCK_MONOTONIC in both processes); one consumer process, same GPU",
+                "fabric runs as posix_fd where the driver refuses FABRIC allocations",
+                "vs torch_mp > 1 means faster than torch.multiprocessing CUDA sharing",
+            ],
+        },
+        table,
+        out_dir=out_dir,
+    )
+    console.print(f"results written to {folder}")
+    return folder
