@@ -273,8 +273,8 @@ def run_kernels(
         xs = np.arange(len(rows))
         for k, (key, label) in enumerate(
             (
-                ("ours_kernel_s", "mmwire kernels"),
-                ("torch_way_s", "torch way (GPU)"),
+                ("ours_device_s", "mmwire kernels"),
+                ("torch_way_device_s", "torch way (GPU)"),
                 ("e2e_registered_s", "mmwire e2e, registered H2D"),
                 ("pillow_cpu_s", "Pillow (CPU)"),
             )

@@ -28,7 +28,7 @@ FIELDS: tuple[str, ...] = (
     "MID_OFF",
     "MID_W",
     "MID_H",
-    "MID_START",
+    "MID_ROW",
     "PATCH_START",
     "GRID_W",
     "PREMUL",
@@ -45,7 +45,7 @@ FIELDS: tuple[str, ...] = (
     "Y_N",
     "Y_K",
     "Y_KSIZE",
-    "OUT_START",
+    "OUT_ROW",
     "OUT_OFF",
     "TABLE",
     "ROW",
@@ -86,11 +86,14 @@ class Layout:
     src_offsets: tuple[int, ...]
     src_bytes: int
     mid_bytes: int
-    mid_pixels: int
+    mid_rows: int
+    mid_width: int
+    """The widest intermediate (columns of the pass-1 grid)."""
     patches: int
     out_offsets: tuple[int, ...]
     out_bytes: int
-    out_pixels: int
+    out_rows: int
+    out_width: int
 
 
 def _bg_fields(bg: Background | None) -> tuple[int, int, int, int, int]:
@@ -125,7 +128,7 @@ def layout_of(jobs: tuple[ImageJob, ...], pillow: tuple[int, int] | None = None)
             used += 2 * c.n.size + c.k.size
         return table_at[key]
 
-    src = mid = mid_px = patches = out = out_px = 0
+    src = mid = mid_rows = mid_width = patches = out = out_rows = out_width = 0
     src_offsets: list[int] = []
     out_offsets: list[int] = []
     for row, job in zip(desc, jobs):
@@ -154,7 +157,7 @@ def layout_of(jobs: tuple[ImageJob, ...], pillow: tuple[int, int] | None = None)
             "MID_OFF": mid,
             "MID_W": mid_w,
             "MID_H": mid_h,
-            "MID_START": mid_px,
+            "MID_ROW": mid_rows,
             "PATCH_START": patches,
             "GRID_W": max(job.grid_w, 1),
             "PREMUL": int(job.ch == 4 and (need_h or need_v)),
@@ -171,7 +174,7 @@ def layout_of(jobs: tuple[ImageJob, ...], pillow: tuple[int, int] | None = None)
             "Y_N": y[1],
             "Y_K": y[2],
             "Y_KSIZE": y[3],
-            "OUT_START": out_px,
+            "OUT_ROW": out_rows,
             "OUT_OFF": out,
             "TABLE": job.table * 3 * 256,
             "ROW": patches if job.row is None else job.row,
@@ -182,10 +185,12 @@ def layout_of(jobs: tuple[ImageJob, ...], pillow: tuple[int, int] | None = None)
         out_offsets.append(out)
         src += job.in_w * job.in_h * job.ch
         mid += mid_w * mid_h * job.ch
-        mid_px += mid_w * mid_h
+        mid_rows += mid_h
+        mid_width = max(mid_width, mid_w)
         patches += job.patches
         out += job.out_w * job.out_h * job.ch
-        out_px += job.out_w * job.out_h
+        out_rows += job.out_h
+        out_width = max(out_width, job.out_w)
     tables = np.concatenate(chunks).astype(np.int32) if chunks else np.zeros(1, np.int32)
     desc.setflags(write=False)
     tables.setflags(write=False)
@@ -195,9 +200,11 @@ def layout_of(jobs: tuple[ImageJob, ...], pillow: tuple[int, int] | None = None)
         src_offsets=tuple(src_offsets),
         src_bytes=src,
         mid_bytes=mid,
-        mid_pixels=mid_px,
+        mid_rows=mid_rows,
+        mid_width=mid_width,
         patches=patches,
         out_offsets=tuple(out_offsets),
         out_bytes=out,
-        out_pixels=out_px,
+        out_rows=out_rows,
+        out_width=out_width,
     )

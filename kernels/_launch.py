@@ -20,38 +20,44 @@ __all__ = ["SOURCE", "CupyLauncher", "Launcher"]
 
 SOURCE = Path(__file__).with_name("pixels.cu")
 _FINISH = {32: "finish<unsigned int>", 16: "finish<unsigned short>"}
-_BLOCK = 256
+
+
+Dims = tuple[int, int]
 
 
 class Launcher(Protocol):
-    """Runs the three kernels of ``pixels.cu`` over flat buffers (uint8 views of tensors)."""
+    """Runs the three kernels of ``pixels.cu`` over flat buffers, on a 2-D grid of 2-D blocks."""
 
     def pass1(
         self,
+        grid: Dims,
+        block: Dims,
         src: torch.Tensor,
         mid: torch.Tensor,
         desc: torch.Tensor,
         tab: torch.Tensor,
         n_images: int,
-        total: int,
     ) -> None:
         """The first of two passes, into the uint8 intermediate."""
 
     def pass2(
         self,
+        grid: Dims,
+        block: Dims,
         src: torch.Tensor,
         mid: torch.Tensor,
         desc: torch.Tensor,
         tab: torch.Tensor,
         dst: torch.Tensor,
         n_images: int,
-        total: int,
     ) -> None:
         """The last pass into uint8 HWC images (the resize alone)."""
 
     def finish(
         self,
         bits: int,
+        grid: Dims,
+        block: Dims,
         src: torch.Tensor,
         mid: torch.Tensor,
         desc: torch.Tensor,
@@ -59,8 +65,6 @@ class Launcher(Protocol):
         table: torch.Tensor,
         out: torch.Tensor,
         n_images: int,
-        patch: int,
-        total: int,
     ) -> None:
         """The last pass fused with composite, pad, normalise and patchify."""
 
@@ -101,10 +105,6 @@ def _cupy_stream(handle: int, device_index: int) -> Any:
     return cupy.cuda.ExternalStream(handle, device_index)  # CuPy 13
 
 
-MAX_ELEMENTS = 2**31 - 1
-"""The kernels index in 32 bits: one launch covers fewer elements than this."""
-
-
 class CupyLauncher:
     """Launches on one CUDA device, on torch's current stream for that device.
 
@@ -122,15 +122,11 @@ class CupyLauncher:
             name: module.get_function(name)
             for name in ("resize_pass1", "resize_pass2", *_FINISH.values())
         }
-        props = torch.cuda.get_device_properties(self.device)
-        self._max_blocks = props.multi_processor_count * 16
         self._streams: dict[int, Any] = {}
 
-    def _launch(self, name: str, total: int, args: tuple[Any, ...]) -> None:
-        if total <= 0:
+    def _launch(self, name: str, grid: Dims, block: Dims, args: tuple[Any, ...]) -> None:
+        if grid[0] <= 0 or grid[1] <= 0:
             return
-        if total > MAX_ELEMENTS:
-            raise ValueError(f"{total} elements in one launch; split the batch below 2^31")
         for a in args:
             if isinstance(a, torch.Tensor) and a.device != self.device:
                 raise ValueError(f"a kernel buffer is on {a.device}, the launcher on {self.device}")
@@ -140,42 +136,39 @@ class CupyLauncher:
         stream = self._streams.get(handle)
         if stream is None:
             stream = self._streams[handle] = _cupy_stream(handle, self._index)
-        blocks = min((total + _BLOCK - 1) // _BLOCK, self._max_blocks)
         with cupy.cuda.Device(self._index), stream:
-            self._functions[name]((blocks,), (_BLOCK,), tuple(_arg(a) for a in args))
+            self._functions[name](grid, block, tuple(_arg(a) for a in args))
 
     def pass1(
         self,
+        grid: Dims,
+        block: Dims,
         src: torch.Tensor,
         mid: torch.Tensor,
         desc: torch.Tensor,
         tab: torch.Tensor,
         n_images: int,
-        total: int,
     ) -> None:
-        self._launch(
-            "resize_pass1", total, (src, mid, desc, tab, np.int32(n_images), np.int32(total))
-        )
+        self._launch("resize_pass1", grid, block, (src, mid, desc, tab, np.int32(n_images)))
 
     def pass2(
         self,
+        grid: Dims,
+        block: Dims,
         src: torch.Tensor,
         mid: torch.Tensor,
         desc: torch.Tensor,
         tab: torch.Tensor,
         dst: torch.Tensor,
         n_images: int,
-        total: int,
     ) -> None:
-        self._launch(
-            "resize_pass2",
-            total,
-            (src, mid, desc, tab, dst, np.int32(n_images), np.int32(total)),
-        )
+        self._launch("resize_pass2", grid, block, (src, mid, desc, tab, dst, np.int32(n_images)))
 
     def finish(
         self,
         bits: int,
+        grid: Dims,
+        block: Dims,
         src: torch.Tensor,
         mid: torch.Tensor,
         desc: torch.Tensor,
@@ -183,23 +176,9 @@ class CupyLauncher:
         table: torch.Tensor,
         out: torch.Tensor,
         n_images: int,
-        patch: int,
-        total: int,
     ) -> None:
         self._launch(
-            _FINISH[bits],
-            total,
-            (
-                src,
-                mid,
-                desc,
-                tab,
-                table,
-                out,
-                np.int32(n_images),
-                np.int32(patch),
-                np.int32(total),
-            ),
+            _FINISH[bits], grid, block, (src, mid, desc, tab, table, out, np.int32(n_images))
         )
 
 

@@ -17,12 +17,22 @@ from mmwire.materialize._pipeline import _table
 from mmwire.transport import PreprocessSpec
 
 from ._descriptors import ImageJob, Layout, layout_of
-from ._launch import MAX_ELEMENTS, CupyLauncher, Launcher
+from ._launch import CupyLauncher, Dims, Launcher
 
 __all__ = ["pack", "preprocess", "preprocess_packed", "resize", "resize_packed"]
 
 _BITS = {torch.float32: 32, torch.bfloat16: 16, torch.float16: 16}
 _STORAGE = {32: torch.int32, 16: torch.int16}
+_ROW_BLOCK = 128  # threads per block along an image row in the resize passes
+_MAX_GRID_X = 2**31 - 1
+
+
+def _row_grid(rows: int, width: int) -> tuple[Dims, Dims]:
+    """One block row per image row, column blocks across the widest image."""
+    if rows > _MAX_GRID_X:
+        raise ValueError(f"{rows} image rows in one launch; split the batch")
+    return (rows, -(-width // _ROW_BLOCK)), (_ROW_BLOCK, 1)
+
 
 Shape = tuple[int, int, int]
 
@@ -135,9 +145,9 @@ def preprocess_packed(
     desc, tab = _device_layout(layout, device)
     table = _device_tables(tuple(stats), dtype, device)
     mid = torch.empty(max(layout.mid_bytes, 1), dtype=torch.uint8, device=device)
-    run.pass1(src, mid, desc, tab, len(jobs), layout.mid_pixels)
-    if layout.patches * p * p > MAX_ELEMENTS:
-        raise ValueError(f"{layout.patches} patches in one launch; split the batch")
+    run.pass1(*_row_grid(layout.mid_rows, layout.mid_width), src, mid, desc, tab, len(jobs))
+    if layout.patches > _MAX_GRID_X or p * p > 1024:
+        raise ValueError(f"{layout.patches} patches of {p}x{p} do not fit one launch")
     if out is None:
         out = torch.empty((layout.patches, 3, p, p), dtype=dtype, device=device)
     else:
@@ -145,6 +155,8 @@ def preprocess_packed(
     bits = _BITS[dtype]
     run.finish(
         bits,
+        (layout.patches, 1),
+        (p, p),
         src,
         mid,
         desc,
@@ -152,8 +164,6 @@ def preprocess_packed(
         table,
         out.view(_STORAGE[bits]),
         len(jobs),
-        p,
-        layout.patches * p * p,
     )
     return out, to_device([s.plan.grid.thw for s in specs], device)
 
@@ -200,8 +210,8 @@ def resize_packed(
     desc, tab = _device_layout(layout, device)
     mid = torch.empty(max(layout.mid_bytes, 1), dtype=torch.uint8, device=device)
     dst = torch.empty(max(layout.out_bytes, 1), dtype=torch.uint8, device=device)
-    run.pass1(src, mid, desc, tab, len(jobs), layout.mid_pixels)
-    run.pass2(src, mid, desc, tab, dst, len(jobs), layout.out_pixels)
+    run.pass1(*_row_grid(layout.mid_rows, layout.mid_width), src, mid, desc, tab, len(jobs))
+    run.pass2(*_row_grid(layout.out_rows, layout.out_width), src, mid, desc, tab, dst, len(jobs))
     return [
         dst[off : off + oh * ow * job.ch].view(oh, ow, job.ch)
         for off, job, (ow, oh) in zip(layout.out_offsets, jobs, sizes)
@@ -239,12 +249,6 @@ def _check_out(
 
 
 def _check_source(src: torch.Tensor, layout: Layout) -> None:
-    for what, n in (
-        ("intermediate pixels", layout.mid_pixels),
-        ("output pixels", layout.out_pixels),
-    ):
-        if n > MAX_ELEMENTS:
-            raise ValueError(f"{n} {what} in one launch; split the batch below 2^31")
     if src.dtype != torch.uint8 or src.ndim != 1 or not src.is_contiguous():
         raise ValueError("the packed source must be a flat contiguous uint8 tensor")
     if src.numel() < layout.src_bytes:

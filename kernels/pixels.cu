@@ -12,10 +12,12 @@
 //     the CPU path; the kernel copies its bit patterns (T is the storage type: 32 or 16 bits).
 //
 // Every image is described by one row of NF int64 fields (the order is mirrored in
-// kernels/_descriptors.py and checked by tests/test_kernels_host.py). Threads are
-// flattened over all images of a launch (in 32-bit: the host refuses a launch of 2^31
-// elements or more); each finds its image by binary search on a running
-// start field, so images of different sizes share one launch.
+// kernels/_descriptors.py and checked by tests/test_kernels_host.py). Launches are 2-D
+// and need no index division: the resize passes run one block row per image row
+// (blockIdx.x, over all images of the launch) and blockIdx.y * blockDim.x + threadIdx.x
+// across it; the fused finish runs one block per output patch with threadIdx = (px, py).
+// A block finds its image by binary search on a running start field, so images of
+// different sizes share one launch; the channel count is a template argument.
 
 enum Field {
   SRC_OFF = 0,        // byte offset of the image (uint8 HWC) in the source buffer
@@ -29,8 +31,8 @@ enum Field {
   MID_OFF = 8,        // byte offset of this image's uint8 intermediate
   MID_W = 9,
   MID_H = 10,
-  MID_START = 11,     // first flattened mid pixel of this image (pass-1 launch)
-  PATCH_START = 12,   // first output patch row of this image (finish launch)
+  MID_ROW = 11,       // first row of this image among all mid rows of the launch
+  PATCH_START = 12,   // first patch of this image among all patches of the launch
   GRID_W = 13,        // patches per canvas row
   PREMUL = 14,        // 1: RGBA through premultiplied alpha (only when resized)
   BG = 15,            // 0: drop alpha, 1: chessboard, 2: solid fill
@@ -46,7 +48,7 @@ enum Field {
   Y_N = 25,
   Y_K = 26,
   Y_KSIZE = 27,
-  OUT_START = 28,     // first flattened output pixel of this image (resize-only launch)
+  OUT_ROW = 28,       // first row of this image among all output rows (resize-only launch)
   OUT_OFF = 29,       // byte offset of this image's uint8 HWC output (resize-only launch)
   TABLE = 30,         // element offset of this image's (3, 256) normalise table
   ROW = 31,           // output row of this image's first patch (rows of other items may sit between)
@@ -58,8 +60,8 @@ typedef unsigned char u8;
 
 // The last image whose `field` start is <= i (starts are non-decreasing; an image with no
 // work has the same start as the next one, so the last match is the one that owns i).
-__device__ __forceinline__ int find_image(const i64* __restrict__ desc, int n_images, int field,
-                                          int i) {
+__device__ __forceinline__ const i64* find_image(const i64* __restrict__ desc, int n_images,
+                                                 int field, i64 i) {
   int lo = 0, hi = n_images - 1;
   while (lo < hi) {
     int mid = (lo + hi + 1) >> 1;
@@ -69,14 +71,15 @@ __device__ __forceinline__ int find_image(const i64* __restrict__ desc, int n_im
       hi = mid - 1;
     }
   }
-  return lo;
+  return desc + (i64)lo * NF;
 }
 
-// One pixel's channels, premultiplied by alpha as Pillow's RGBA -> RGBa does.
-__device__ __forceinline__ void load_px(const u8* __restrict__ p, int ch, bool premul, int v[4]) {
+// One pixel's CH channels, premultiplied by alpha as Pillow's RGBA -> RGBa does.
+template <int CH>
+__device__ __forceinline__ void load_px(const u8* __restrict__ p, bool premul, int v[4]) {
 #pragma unroll
-  for (int c = 0; c < 4; ++c) v[c] = c < ch ? (int)p[c] : 0;
-  if (premul) {
+  for (int c = 0; c < 4; ++c) v[c] = c < CH ? (int)p[c] : 0;
+  if (CH == 4 && premul) {
 #pragma unroll
     for (int c = 0; c < 3; ++c) {
       int t = v[c] * v[3] + 128;
@@ -86,59 +89,56 @@ __device__ __forceinline__ void load_px(const u8* __restrict__ p, int ch, bool p
 }
 
 // One output sample (all channels) of one 8-bit pass: n taps at base + (xmin + t) * step.
-__device__ __forceinline__ void pass_px(const u8* __restrict__ base, i64 step, int ch, bool premul,
+template <int CH>
+__device__ __forceinline__ void pass_px(const u8* __restrict__ base, i64 step, bool premul,
                                         const int* __restrict__ k, int xmin, int n, int out[4]) {
   int acc[4] = {1 << 21, 1 << 21, 1 << 21, 1 << 21};
-  for (int t = 0; t < n; ++t) {
+  const u8* p = base + (i64)xmin * step;
+  for (int t = 0; t < n; ++t, p += step) {
     int v[4];
-    load_px(base + (i64)(xmin + t) * step, ch, premul, v);
-    int w = k[t];
+    load_px<CH>(p, premul, v);
+    const int w = k[t];
 #pragma unroll
-    for (int c = 0; c < 4; ++c) acc[c] += v[c] * w;
+    for (int c = 0; c < CH; ++c) acc[c] += v[c] * w;
   }
 #pragma unroll
   for (int c = 0; c < 4; ++c) out[c] = min(max(acc[c] >> 22, 0), 255);
 }
 
 // The resized (still premultiplied, for RGBA) pixel (y, x) of image d, all channels.
+template <int CH>
 __device__ __forceinline__ void resized_px(const u8* __restrict__ src, const u8* __restrict__ mid,
                                            const i64* __restrict__ d, const int* __restrict__ tab,
                                            int y, int x, int out[4]) {
-  const int ch = (int)d[CH];
   const bool staged = d[PASS1] != 0;
   const u8* st = staged ? mid + d[MID_OFF] : src + d[SRC_OFF];
-  const i64 row = (staged ? d[MID_W] : d[IN_W]) * ch;
+  const i64 row = (staged ? d[MID_W] : d[IN_W]) * CH;
   const bool premul = !staged && d[PREMUL] != 0;
   const int p2 = (int)d[PASS2];
   if (p2 == 1) {
-    pass_px(st + (i64)y * row, ch, ch, premul, tab + d[X_K] + (i64)x * d[X_KSIZE],
-            tab[d[X_XMIN] + x], tab[d[X_N] + x], out);
+    pass_px<CH>(st + (i64)y * row, CH, premul, tab + d[X_K] + (i64)x * d[X_KSIZE],
+                tab[d[X_XMIN] + x], tab[d[X_N] + x], out);
   } else if (p2 == 2) {
-    pass_px(st + (i64)x * ch, row, ch, premul, tab + d[Y_K] + (i64)y * d[Y_KSIZE],
-            tab[d[Y_XMIN] + y], tab[d[Y_N] + y], out);
+    pass_px<CH>(st + (i64)x * CH, row, premul, tab + d[Y_K] + (i64)y * d[Y_KSIZE],
+                tab[d[Y_XMIN] + y], tab[d[Y_N] + y], out);
   } else {
-    load_px(st + (i64)y * row + (i64)x * ch, ch, premul, out);
+    load_px<CH>(st + (i64)y * row + (i64)x * CH, premul, out);
   }
 }
 
 // Undo the premultiplication exactly as Pillow's RGBa -> RGBA (truncating division).
 __device__ __forceinline__ void unpremultiply(const i64* __restrict__ d, int v[4]) {
   const int a = v[3];
-  if (d[CH] == 4 && d[PREMUL] != 0 && a != 0 && a != 255) {
+  if (d[PREMUL] != 0 && a != 0 && a != 255) {
 #pragma unroll
     for (int c = 0; c < 3; ++c) v[c] = min(255, (255 * v[c]) / a);
   }
 }
 
-// Final RGB of canvas pixel (y, x): gray broadcast, alpha dropped or composited in float32.
-__device__ __forceinline__ void to_rgb(const i64* __restrict__ d, int y, int x, const int v[4],
-                                       int rgb[3]) {
-  const int ch = (int)d[CH];
-  if (ch == 1) {
-    rgb[0] = rgb[1] = rgb[2] = v[0];
-    return;
-  }
-  if (ch == 3 || d[BG] == 0) {
+// Final RGB of an RGBA canvas pixel (y, x): alpha dropped or composited in float32.
+__device__ __forceinline__ void rgba_to_rgb(const i64* __restrict__ d, int y, int x,
+                                            const int v[4], int rgb[3]) {
+  if (d[BG] == 0) {
     rgb[0] = v[0];
     rgb[1] = v[1];
     rgb[2] = v[2];
@@ -154,8 +154,7 @@ __device__ __forceinline__ void to_rgb(const i64* __restrict__ d, int y, int x, 
     fill = (float)d[BG_WHITE];
   }
   const float a = fminf(fmaxf(__fdiv_rn((float)v[3], 255.0f), 0.0f), 1.0f);
-  const float one_minus_a = __fsub_rn(1.0f, a);
-  const float bg = __fmul_rn(one_minus_a, fill);
+  const float bg = __fmul_rn(__fsub_rn(1.0f, a), fill);
 #pragma unroll
   for (int c = 0; c < 3; ++c) {
     float m = __fadd_rn(__fmul_rn(a, (float)v[c]), bg);
@@ -164,87 +163,121 @@ __device__ __forceinline__ void to_rgb(const i64* __restrict__ d, int y, int x, 
   }
 }
 
+template <int CH>
+__device__ __forceinline__ void pass1_px(const u8* __restrict__ src, u8* __restrict__ mid,
+                                         const i64* __restrict__ d, const int* __restrict__ tab,
+                                         int y, int x) {
+  const u8* s = src + d[SRC_OFF];
+  const i64 row = d[IN_W] * CH;
+  const bool premul = d[PREMUL] != 0;
+  int out[4];
+  if (d[PASS1] == 1) {
+    pass_px<CH>(s + (i64)y * row, CH, premul, tab + d[X_K] + (i64)x * d[X_KSIZE],
+                tab[d[X_XMIN] + x], tab[d[X_N] + x], out);
+  } else {
+    pass_px<CH>(s + (i64)x * CH, row, premul, tab + d[Y_K] + (i64)y * d[Y_KSIZE],
+                tab[d[Y_XMIN] + y], tab[d[Y_N] + y], out);
+  }
+  u8* m = mid + d[MID_OFF] + ((i64)y * d[MID_W] + x) * CH;
+#pragma unroll
+  for (int c = 0; c < CH; ++c) m[c] = (u8)out[c];
+}
+
 // Pass 1 of the images that need two passes: source -> uint8 intermediate.
+// Grid: (all mid rows of the launch, column blocks of the widest).
 extern "C" __global__ void resize_pass1(const u8* __restrict__ src, u8* __restrict__ mid,
                                         const i64* __restrict__ desc, const int* __restrict__ tab,
-                                        int n_images, int total) {
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
-    const i64* d = desc + (i64)find_image(desc, n_images, MID_START, i) * NF;
-    const int j = i - (int)d[MID_START];
-    const int mid_w = (int)d[MID_W];
-    const int y = j / mid_w, x = j - (j / mid_w) * mid_w;
-    const int ch = (int)d[CH];
-    const u8* s = src + d[SRC_OFF];
-    const i64 row = d[IN_W] * ch;
-    const bool premul = d[PREMUL] != 0;
-    int out[4];
-    if (d[PASS1] == 1) {
-      pass_px(s + (i64)y * row, ch, ch, premul, tab + d[X_K] + (i64)x * d[X_KSIZE],
-              tab[d[X_XMIN] + x], tab[d[X_N] + x], out);
-    } else {
-      pass_px(s + (i64)x * ch, row, ch, premul, tab + d[Y_K] + (i64)y * d[Y_KSIZE],
-              tab[d[Y_XMIN] + y], tab[d[Y_N] + y], out);
-    }
-    u8* m = mid + d[MID_OFF] + (i64)j * ch;
-    for (int c = 0; c < ch; ++c) m[c] = (u8)out[c];
+                                        int n_images) {
+  const i64* d = find_image(desc, n_images, MID_ROW, blockIdx.x);
+  const int y = (int)(blockIdx.x - d[MID_ROW]);
+  const int x = blockIdx.y * blockDim.x + threadIdx.x;
+  if (y >= d[MID_H] || x >= d[MID_W]) return;
+  switch (d[CH]) {
+    case 1: pass1_px<1>(src, mid, d, tab, y, x); break;
+    case 3: pass1_px<3>(src, mid, d, tab, y, x); break;
+    default: pass1_px<4>(src, mid, d, tab, y, x); break;
   }
+}
+
+template <int CH>
+__device__ __forceinline__ void pass2_px(const u8* __restrict__ src, const u8* __restrict__ mid,
+                                         const i64* __restrict__ d, const int* __restrict__ tab,
+                                         u8* __restrict__ dst, int y, int x) {
+  int v[4];
+  resized_px<CH>(src, mid, d, tab, y, x, v);
+  if (CH == 4) unpremultiply(d, v);
+  u8* o = dst + d[OUT_OFF] + ((i64)y * d[OUT_W] + x) * CH;
+#pragma unroll
+  for (int c = 0; c < CH; ++c) o[c] = (u8)v[c];
 }
 
 // The resize alone: the last pass into uint8 HWC outputs (what Image.resize returns).
+// Grid: (all output rows of the launch, column blocks of the widest).
 extern "C" __global__ void resize_pass2(const u8* __restrict__ src, const u8* __restrict__ mid,
                                         const i64* __restrict__ desc, const int* __restrict__ tab,
-                                        u8* __restrict__ dst, int n_images, int total) {
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
-    const i64* d = desc + (i64)find_image(desc, n_images, OUT_START, i) * NF;
-    const int j = i - (int)d[OUT_START];
-    const int out_w = (int)d[OUT_W];
-    const int y = j / out_w, x = j - (j / out_w) * out_w;
-    int v[4];
-    resized_px(src, mid, d, tab, y, x, v);
-    unpremultiply(d, v);
-    const int ch = (int)d[CH];
-    u8* o = dst + d[OUT_OFF] + (i64)j * ch;
-    for (int c = 0; c < ch; ++c) o[c] = (u8)v[c];
+                                        u8* __restrict__ dst, int n_images) {
+  const i64* d = find_image(desc, n_images, OUT_ROW, blockIdx.x);
+  const int y = (int)(blockIdx.x - d[OUT_ROW]);
+  const int x = blockIdx.y * blockDim.x + threadIdx.x;
+  if (y >= d[OUT_H] || x >= d[OUT_W]) return;
+  switch (d[CH]) {
+    case 1: pass2_px<1>(src, mid, d, tab, dst, y, x); break;
+    case 3: pass2_px<3>(src, mid, d, tab, dst, y, x); break;
+    default: pass2_px<4>(src, mid, d, tab, dst, y, x); break;
   }
 }
 
-// The last pass fused with composite, zero pad, normalise and patchify: one thread per
-// (patch row, py, px) of the output (sum patches, 3, p, p); T is the output's bit pattern.
+template <int CH>
+__device__ __forceinline__ void canvas_rgb(const u8* __restrict__ src, const u8* __restrict__ mid,
+                                           const i64* __restrict__ d, const int* __restrict__ tab,
+                                           int y, int x, int rgb[3]) {
+  int v[4];
+  resized_px<CH>(src, mid, d, tab, y, x, v);
+  if (CH == 1) {
+    rgb[0] = rgb[1] = rgb[2] = v[0];
+  } else if (CH == 3) {
+    rgb[0] = v[0];
+    rgb[1] = v[1];
+    rgb[2] = v[2];
+  } else {
+    unpremultiply(d, v);
+    rgba_to_rgb(d, y, x, v, rgb);
+  }
+}
+
+// The last pass fused with composite, zero pad, normalise and patchify into
+// (sum patches, 3, p, p). Grid: one block per patch of the launch; block (p, p).
+// T is the output's bit pattern (32 or 16 bits).
 template <typename T>
 __global__ void finish(const u8* __restrict__ src, const u8* __restrict__ mid,
                        const i64* __restrict__ desc, const int* __restrict__ tab,
-                       const T* __restrict__ table, T* __restrict__ out, int n_images, int p,
-                       int total) {
-  const int pp = p * p;
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
-    const int prow = i / pp;
-    const int r = i - prow * pp;
-    const int py = r / p, px = r - (r / p) * p;
-    const i64* d = desc + (i64)find_image(desc, n_images, PATCH_START, prow) * NF;
-    const int pj = prow - (int)d[PATCH_START];
-    const int gw = (int)d[GRID_W];
-    const int gy = pj / gw;
-    const int y = gy * p + py, x = (pj - gy * gw) * p + px;
-    int rgb[3] = {0, 0, 0};
-    if (y < d[OUT_H] && x < d[OUT_W]) {
-      int v[4];
-      resized_px(src, mid, d, tab, y, x, v);
-      unpremultiply(d, v);
-      to_rgb(d, y, x, v, rgb);
+                       const T* __restrict__ table, T* __restrict__ out, int n_images) {
+  const int p = blockDim.x;
+  const i64* d = find_image(desc, n_images, PATCH_START, blockIdx.x);
+  const int pj = (int)(blockIdx.x - d[PATCH_START]);
+  const int gw = (int)d[GRID_W];
+  const int gy = pj / gw;  // once per block
+  const int y = gy * p + threadIdx.y, x = (pj - gy * gw) * p + threadIdx.x;
+  int rgb[3] = {0, 0, 0};
+  if (y < d[OUT_H] && x < d[OUT_W]) {
+    switch (d[CH]) {
+      case 1: canvas_rgb<1>(src, mid, d, tab, y, x, rgb); break;
+      case 3: canvas_rgb<3>(src, mid, d, tab, y, x, rgb); break;
+      default: canvas_rgb<4>(src, mid, d, tab, y, x, rgb); break;
     }
-    const T* tb = table + d[TABLE];
-    T* o = out + (d[ROW] + pj) * 3 * pp + r;  // i64: the output may exceed 2^31 bytes
-    o[0] = tb[rgb[0]];
-    o[pp] = tb[256 + rgb[1]];
-    o[2 * pp] = tb[512 + rgb[2]];
   }
+  const int pp = p * p;
+  const T* tb = table + d[TABLE];
+  T* o = out + (d[ROW] + pj) * 3 * pp + threadIdx.y * p + threadIdx.x;  // i64 offsets
+  o[0] = tb[rgb[0]];
+  o[pp] = tb[256 + rgb[1]];
+  o[2 * pp] = tb[512 + rgb[2]];
 }
 
 #ifndef __CUDACC_RTC__
 // nvcc (the CI compile check) instantiates what NVRTC gets through name expressions.
 template __global__ void finish<unsigned int>(const u8*, const u8*, const i64*, const int*,
-                                              const unsigned int*, unsigned int*, int, int, int);
+                                              const unsigned int*, unsigned int*, int);
 template __global__ void finish<unsigned short>(const u8*, const u8*, const i64*, const int*,
-                                                const unsigned short*, unsigned short*, int, int,
-                                                int);
+                                                const unsigned short*, unsigned short*, int);
 #endif

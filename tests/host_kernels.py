@@ -49,6 +49,10 @@ def _p(t: torch.Tensor) -> ctypes.c_void_p:
     return ctypes.c_void_p(t.data_ptr())
 
 
+def _dims(d: tuple[int, int]) -> ctypes.Array[ctypes.c_uint]:
+    return (ctypes.c_uint * 2)(*d)
+
+
 class HostLauncher:
     """A ``mmwire.kernels.Launcher`` that runs the C++ build on CPU tensors."""
 
@@ -57,40 +61,45 @@ class HostLauncher:
 
     def pass1(
         self,
+        grid: tuple[int, int],
+        block: tuple[int, int],
         src: torch.Tensor,
         mid: torch.Tensor,
         desc: torch.Tensor,
         tab: torch.Tensor,
         n_images: int,
-        total: int,
     ) -> None:
-        self._lib.resize_pass1(
-            _p(src), _p(mid), _p(desc), _p(tab), ctypes.c_int(n_images), ctypes.c_int(total)
+        self._lib.host_pass1(
+            _dims(grid), _dims(block), _p(src), _p(mid), _p(desc), _p(tab), ctypes.c_int(n_images)
         )
 
     def pass2(
         self,
+        grid: tuple[int, int],
+        block: tuple[int, int],
         src: torch.Tensor,
         mid: torch.Tensor,
         desc: torch.Tensor,
         tab: torch.Tensor,
         dst: torch.Tensor,
         n_images: int,
-        total: int,
     ) -> None:
-        self._lib.resize_pass2(
+        self._lib.host_pass2(
+            _dims(grid),
+            _dims(block),
             _p(src),
             _p(mid),
             _p(desc),
             _p(tab),
             _p(dst),
             ctypes.c_int(n_images),
-            ctypes.c_int(total),
         )
 
     def finish(
         self,
         bits: int,
+        grid: tuple[int, int],
+        block: tuple[int, int],
         src: torch.Tensor,
         mid: torch.Tensor,
         desc: torch.Tensor,
@@ -98,11 +107,11 @@ class HostLauncher:
         table: torch.Tensor,
         out: torch.Tensor,
         n_images: int,
-        patch: int,
-        total: int,
     ) -> None:
-        fn = self._lib.finish_u32 if bits == 32 else self._lib.finish_u16
+        fn = self._lib.host_finish_u32 if bits == 32 else self._lib.host_finish_u16
         fn(
+            _dims(grid),
+            _dims(block),
             _p(src),
             _p(mid),
             _p(desc),
@@ -110,6 +119,4 @@ class HostLauncher:
             _p(table),
             _p(out),
             ctypes.c_int(n_images),
-            ctypes.c_int(patch),
-            ctypes.c_int(total),
         )

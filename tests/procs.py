@@ -135,8 +135,8 @@ def gpu_consume(
                 q.put(("holding", rank, digests))
                 time.sleep(3600)
             b.release()
-            if i % 1000 == 0 or i == n_batches - 1:
-                q.put(("batch", rank, i, digests))
+            if i == 0 or i == n_batches - 1:
+                q.put(("batch" if i == 0 else "last", rank, i, digests))
         torch.cuda.synchronize()
         q.put(("done", rank))
         time.sleep(1.0)

@@ -73,7 +73,8 @@ def test_layout_shares_tables_and_offsets_accumulate() -> None:
     assert first["X_K"] == second["X_K"] and first["Y_K"] == second["Y_K"]
     assert second["SRC_OFF"] == 50 * 40 * 3 and layout.src_bytes == 50 * 40 * 4
     assert second["PATCH_START"] == 4 and layout.patches == 8
-    assert second["MID_START"] == 25 * 40 and second["MID_OFF"] == 25 * 40 * 3
+    assert second["MID_ROW"] == 40 and second["MID_OFF"] == 25 * 40 * 3
+    assert layout.mid_rows == 80 and layout.mid_width == 25 and layout.out_rows == 40
 
 
 def test_layout_rejects_impossible_jobs() -> None:
