@@ -120,6 +120,26 @@ def _run_method(method: str, size: int, reps: int) -> list[float]:
     return samples
 
 
+def render_table(rows: list[dict[str, Any]]) -> Table:
+    """The p50/p99 table of a run's rows (also used to re-render a saved ``results.json``)."""
+    table = Table(title="CUDA tensor, producer process -> consumer process (one GPU), p50")
+    for col in ("size", "method", "p50", "p99", "GB/s at p50", "vs torch_mp"):
+        table.add_column(col, justify="right")
+    base = {r["bytes"]: percentile(r["seconds"], 50) for r in rows if r["method"] == "torch_mp"}
+    for r in rows:
+        p50 = percentile(r["seconds"], 50)
+        ref = base.get(r["bytes"])
+        table.add_row(
+            f"{r['bytes'] >> 20} MiB",
+            r["method"],
+            f"{p50 * 1e3:.3f} ms",
+            f"{percentile(r['seconds'], 99) * 1e3:.3f} ms",
+            f"{r['bytes'] / p50 / 1e9:.1f}",
+            f"{ref / p50:.2f}x" if ref else "-",
+        )
+    return table
+
+
 def run_gpu_transport(
     sizes: list[int] | None = None,
     reps: int = 20,
@@ -139,21 +159,7 @@ def run_gpu_transport(
             rows.append(
                 {"method": method, "bytes": size, "seconds": _run_method(method, size, reps)}
             )
-    table = Table(title="CUDA tensor, producer process -> consumer process (one GPU), p50")
-    for col in ("size", "method", "p50", "p99", "GB/s at p50", "vs torch_mp"):
-        table.add_column(col, justify="right")
-    base = {r["bytes"]: percentile(r["seconds"], 50) for r in rows if r["method"] == "torch_mp"}
-    for r in rows:
-        p50 = percentile(r["seconds"], 50)
-        ref = base.get(r["bytes"])
-        table.add_row(
-            f"{r['bytes'] >> 20} MiB",
-            r["method"],
-            f"{p50 * 1e3:.3f} ms",
-            f"{percentile(r['seconds'], 99) * 1e3:.3f} ms",
-            f"{r['bytes'] / p50 / 1e9:.1f}",
-            f"{ref / p50:.2f}x" if ref else "-",
-        )
+    table = render_table(rows)
     console.print(table)
     folder = write_run(
         "gpu-transport",
