@@ -46,8 +46,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     gt.add_argument("--sizes", default="1M,16M,64M,256M")
     gt.add_argument("--reps", type=int, default=20)
     gt.add_argument("--methods", default="cuda_ipc,fabric,cpu,torch_mp")
-    for name in ("pipeline",):
-        sub.add_parser(name, help="not available yet: see the open issues")
+    pl = sub.add_parser("pipeline", help="Poisson arrivals, eager vs deferred preprocessing")
+    pl.add_argument("--ranks", type=int, default=2)
+    pl.add_argument("--requests", type=int, default=30, help="requests per (mode, rate) cell")
+    pl.add_argument("--rates", default="0.5,1,2", help="multiples of eager's capacity")
+    pl.add_argument("--device", default="cpu", help="cpu, or cuda for the CUDA materializer")
     args = parser.parse_args(argv)
     command = args.command or "demo"
     if command == "demo":
@@ -76,6 +79,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ._kernels import run_kernels
 
         run_kernels(reps=args.reps, out_dir=args.out)
+    elif command == "pipeline":
+        from ._pipeline import run_pipeline
+
+        run_pipeline(
+            args.ranks,
+            args.requests,
+            tuple(float(x) for x in args.rates.split(",")),
+            args.device,
+            out_dir=args.out,
+        )
     elif command == "gpu-transport":
         from ._gpu_transport import run_gpu_transport
 

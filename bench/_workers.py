@@ -149,3 +149,56 @@ def tmp_queue_rank(rank: int, queue: Any, report: str) -> None:
         del tensor
     out.close(0)
     ctx.term()
+
+
+def pipeline_rank(
+    rank: int, ranks: int, endpoint: str, handover: str, mode: str, device: str, report: str
+) -> None:
+    """A rank of ``mmwire-bench pipeline``: reports when it holds its items' pixel_values.
+
+    eager: every rank receives every item's fp32 patches; the item's owner (the
+    ``assign_owners`` rank, as in deferred) holds them once opened (uploaded, on a GPU).
+    deferred: only the owner receives the raw uint8 item and materialises it.
+    """
+    from mmwire.materialize import Materializer, assign_owners
+    from mmwire.transport import CpuConsumer, IndexMap, PeerGone
+
+    torch.set_num_threads(1)  # N ranks share the host's cores; spinning OpenMP pools would fight
+    ctx, out = _reporter(report)
+    consumer = CpuConsumer(rank, endpoint, handover=handover)
+    on_gpu = device.startswith("cuda")
+    if on_gpu:
+        consumer.register_with_cuda()
+    mat = Materializer(rank, device=device)
+    _say(out, "ready", rank, "", 0.0)
+    try:
+        while True:
+            try:
+                batch = consumer.recv(timeout=0.5)
+            except TimeoutError:
+                continue
+            with batch:
+                rid = batch.envelopes.values()[0].request_id
+                if rid == "stop":
+                    break
+                held = 0
+                if mode == "deferred":
+                    mine = IndexMap(rank, list(batch.owned))
+                    if len(mine):
+                        held = mat.materialize(batch, mine).pixel_values.numel()
+                else:
+                    counts = [e.grid.patches for e in batch.envelopes.values()]
+                    for _, g in assign_owners(counts, ranks)[rank].items():
+                        t = batch.open_tensor(g)
+                        if on_gpu:
+                            t = t.to(device, non_blocking=True)
+                        held += t.numel()
+                if on_gpu:
+                    torch.cuda.synchronize()
+                _say(out, "done", rank, rid, time.perf_counter(), held)
+    except PeerGone:
+        pass
+    finally:
+        consumer.close()
+        out.close(0)
+        ctx.term()

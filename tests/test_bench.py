@@ -40,3 +40,27 @@ def test_transport_runs_every_method(tmp_path: Path) -> None:
     (run,) = (tmp_path / "r").iterdir()
     methods = {s["method"] for s in json.loads((run / "results.json").read_text())["samples"]}
     assert methods == {"mmwire", "pickle", "oob", "segment", "tmp_queue"}
+
+
+def test_pipeline_runs_both_modes_and_every_owner_reports(tmp_path: Path) -> None:
+    args = ["--out", str(tmp_path / "r"), "pipeline", "--requests", "3", "--rates", "1"]
+    assert main(args) == 0
+    (run,) = (tmp_path / "r").iterdir()
+    rows = json.loads((run / "results.json").read_text())["rows"]
+    assert {r["mode"] for r in rows} == {"eager", "deferred"}
+    for r in rows:  # _run raises if an owner of some request never reported
+        assert len(r["ttft_s"]) == 3 and min(r["ttft_s"]) > 0
+    deferred = next(r for r in rows if r["mode"] == "deferred")
+    eager = next(r for r in rows if r["mode"] == "eager")
+    assert deferred["payload_bytes"] * 3 < eager["payload_bytes"]  # uint8 vs fp32 patches
+
+
+def test_gpu_commands_refuse_cleanly_without_cuda(tmp_path: Path) -> None:
+    import pytest
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    for command in ("kernels", "gpu-transport", "h2d"):
+        with pytest.raises(SystemExit, match="needs a CUDA device"):
+            main(["--out", str(tmp_path / "r"), command])

@@ -1,0 +1,265 @@
+"""``mmwire-bench pipeline``: Poisson arrivals into a tokenizer and N ranks, eager vs deferred.
+
+eager: the tokenizer preprocesses each request on arrival (the CPU pipeline, one process,
+as engines do) and ships fp32 patches to every rank; deferred: it ships the uint8 pixels
+and each item's owner rank materialises it (on the CPU, or with the CUDA kernels when
+``--device cuda``). Both go through mmwire's cpu transport, so the difference is where the
+preprocessing runs and how many bytes move. TTFT-proxy = arrival -> the last owner of the
+request's items holds its pixel_values. Rates are multiples of eager's capacity (1 /
+its mean preprocessing time per request, measured first), so the top rate saturates eager.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from mmwire.materialize import ProcessorConfig, assign_owners, preprocess_images
+from mmwire.transport import CpuProducer, Grid, Item
+from PIL import Image
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from . import _workers
+from ._harness import Ranks
+from ._report import percentile, write_run
+
+DATA = Path(__file__).resolve().parent / "data"
+SIZES = [(448, 336), (640, 480), (800, 600), (1024, 768), (1280, 720), (720, 1280), (1000, 1000)]
+
+
+def _requests(n: int, seed: int) -> list[list[np.ndarray[Any, Any]]]:
+    """``n`` requests of 1-8 photos at sizes drawn from ``SIZES`` (decoded up front)."""
+    rng = np.random.default_rng(seed)
+    photos = [
+        Image.open(DATA / f).convert("RGB") for f in ("coffee.png", "astronaut.png", "chelsea.png")
+    ]
+    cache: dict[tuple[int, int, int], np.ndarray[Any, Any]] = {}
+    out = []
+    for _ in range(n):
+        request = []
+        for _ in range(int(rng.integers(1, 9))):
+            key = (int(rng.integers(len(photos))), *SIZES[int(rng.integers(len(SIZES)))])
+            if key not in cache:
+                cache[key] = np.array(photos[key[0]].resize(key[1:]))
+            request.append(cache[key])
+        out.append(request)
+    return out
+
+
+def _run(
+    mode: str,
+    requests: list[list[np.ndarray[Any, Any]]],
+    rate: float,
+    ranks: Ranks,
+    producer: CpuProducer,
+    n_ranks: int,
+    cfg: ProcessorConfig,
+    seed: int,
+) -> dict[str, Any]:
+    rng = np.random.default_rng(seed)
+    gaps = rng.exponential(1.0 / rate, len(requests))
+    start = time.perf_counter() + 0.05
+    arrivals = start + np.cumsum(gaps)
+    payload = 0
+    owners_per_request = []
+    for i, (images, t_arrive) in enumerate(zip(requests, arrivals)):
+        now = time.perf_counter()
+        if now < t_arrive:
+            time.sleep(t_arrive - now)
+        specs = [cfg.spec_for(im.shape[1], im.shape[0]) for im in images]
+        owners = assign_owners([s.plan.grid.patches for s in specs], n_ranks)
+        owner_of = {g.value: m.rank for m in owners for _, g in m.items()}
+        owners_per_request.append({m.rank for m in owners if len(m)})
+        if mode == "eager":
+            pv, grids = preprocess_images(images, cfg)
+            items, row = [], 0
+            for s, thw in zip(specs, grids.tolist()):
+                n = s.plan.grid.patches
+                items.append(
+                    Item(
+                        data=pv[row : row + n],
+                        consumers=tuple(range(n_ranks)),
+                        kind="processed",
+                        grid=Grid(tuple(thw)),
+                    )
+                )
+                row += n
+            payload += pv.numel() * pv.element_size()
+        else:
+            items = [
+                Item(data=im, consumers=(owner_of[k],), preprocess=s)
+                for k, (im, s) in enumerate(zip(images, specs))
+            ]
+            payload += sum(im.nbytes for im in images)
+        producer.publish(f"r{i}", items)
+    reports = ranks.wait("done", n_ranks * len(requests), timeout=600)
+    done: dict[str, dict[int, float]] = {}
+    for _, rank, rid, t, held in reports:
+        if held:
+            done.setdefault(rid, {})[rank] = t
+    ttft = []
+    for i, t_arrive in enumerate(arrivals):
+        got = done.get(f"r{i}", {})
+        if set(got) != owners_per_request[i]:
+            raise RuntimeError(f"request r{i}: owners {owners_per_request[i]} reported {set(got)}")
+        ttft.append(max(got.values()) - t_arrive)
+    last = max(max(v.values()) for v in done.values())
+    return {
+        "mode": mode,
+        "rate": rate,
+        "ttft_s": ttft,
+        "throughput_rps": len(requests) / (last - arrivals[0]),
+        "payload_bytes": payload,
+        "images": sum(len(r) for r in requests),
+    }
+
+
+def run_pipeline(
+    ranks: int = 2,
+    requests: int = 30,
+    rates: tuple[float, ...] = (0.5, 1.0, 2.0),
+    device: str = "cpu",
+    out_dir: Path | None = None,
+    console: Console | None = None,
+) -> Path:
+    """Eager vs deferred at ``rates`` x eager's capacity; TTFT-proxy percentiles per cell."""
+    console = console or Console()
+    cfg = ProcessorConfig()
+    reqs = _requests(requests, seed=11)
+    for request in reqs[:3]:  # warm the caches, then measure eager's service time
+        preprocess_images(request, cfg)
+    t0 = time.perf_counter()
+    for request in reqs:
+        preprocess_images(request, cfg)
+    service = (time.perf_counter() - t0) / len(reqs)
+    capacity = 1.0 / service
+    rows: list[dict[str, Any]] = []
+    producer = CpuProducer(arena_size=2 << 30, full_timeout=60)
+    try:
+        with Progress(console=console, transient=True) as progress:
+            task = progress.add_task("pipeline", total=2 * len(rates))
+            for mode in ("eager", "deferred"):
+                pool = Ranks(
+                    _workers.pipeline_rank,
+                    ranks,
+                    lambda r, mode=mode: (
+                        ranks,
+                        producer.endpoint,
+                        producer.handover_path,
+                        mode,
+                        device,
+                    ),  # type: ignore[misc]
+                )
+                try:
+                    producer.wait_for_consumers(range(ranks), 120)
+                    warm = _requests(2, seed=5)
+                    _run(mode, warm, capacity, pool, producer, ranks, cfg, seed=1)
+                    for k, x in enumerate(rates):
+                        row = _run(
+                            mode, reqs, x * capacity, pool, producer, ranks, cfg, seed=100 + k
+                        )
+                        row["rate_x_capacity"] = x
+                        rows.append(row)
+                        progress.advance(task)
+                    stop = Item(
+                        data=np.zeros(1, np.uint8),
+                        consumers=(0,),
+                        kind="embedding",
+                        grid=Grid((1, 1)),
+                    )
+                    producer.publish("stop", [stop])  # every rank sees it and leaves
+                finally:
+                    pool.close()
+                    _drop_ranks(producer, ranks)
+    finally:
+        producer.close()
+    table = Table(
+        title=f"pipeline: {ranks} ranks, device {device}, {requests} requests of 1-8 images per "
+        f"cell; eager capacity {capacity:.1f} req/s"
+    )
+    for col in (
+        "rate",
+        "mode",
+        "TTFT p50",
+        "p90",
+        "p99",
+        "req/s",
+        "payload MiB",
+        "p50 eager/deferred",
+    ):
+        table.add_column(col, justify="right")
+    eager = {
+        r["rate_x_capacity"]: percentile(r["ttft_s"], 50) for r in rows if r["mode"] == "eager"
+    }
+    for r in sorted(rows, key=lambda r: (r["rate_x_capacity"], r["mode"])):
+        p50 = percentile(r["ttft_s"], 50)
+        table.add_row(
+            f"{r['rate_x_capacity']:.1f}x ({r['rate']:.1f}/s)",
+            r["mode"],
+            f"{p50 * 1e3:.0f} ms",
+            f"{percentile(r['ttft_s'], 90) * 1e3:.0f} ms",
+            f"{percentile(r['ttft_s'], 99) * 1e3:.0f} ms",
+            f"{r['throughput_rps']:.1f}",
+            f"{r['payload_bytes'] / 2**20:.0f}",
+            f"{eager[r['rate_x_capacity']] / p50:.1f}x" if r["mode"] == "deferred" else "",
+        )
+    console.print(table)
+
+    def plot(path: Path) -> None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for mode in ("eager", "deferred"):
+            mine = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["rate"])
+            for q, style in ((50, "-"), (99, ":")):
+                ax.plot(
+                    [r["rate"] for r in mine],
+                    [percentile(r["ttft_s"], q) * 1e3 for r in mine],
+                    style,
+                    marker="o",
+                    label=f"{mode} p{q}",
+                )
+        ax.set_xlabel("arrival rate (requests/s)")
+        ax.set_ylabel("TTFT proxy (ms)")
+        ax.set_yscale("log")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+
+    folder = write_run(
+        "pipeline",
+        {
+            "kind": "pipeline",
+            "rows": rows,
+            "ranks": ranks,
+            "device": device,
+            "eager_service_s": service,
+            "notes": [
+                "TTFT proxy: scheduled Poisson arrival -> the last owner of the request's items "
+                "holds pixel_values (on the device for --device cuda); queueing included",
+                "eager preprocesses on the tokenizer (one process) and ships fp32 patches to "
+                "every rank; deferred ships uint8 and the owner materialises",
+                "rates are multiples of eager's measured capacity (1 / mean preprocessing time)",
+            ],
+        },
+        table,
+        plot,
+        out_dir=out_dir,
+    )
+    console.print(f"results written to {folder}")
+    return folder
+
+
+def _drop_ranks(producer: CpuProducer, ranks: int) -> None:
+    """Let the producer see the ranks' handover connections close before the next mode."""
+    deadline = time.monotonic() + 30
+    while producer.statistics().consumers and time.monotonic() < deadline:
+        producer.poll(0.05)
