@@ -115,13 +115,19 @@ def materialize_rank(
 
 
 def gpu_consume(
-    rank: int, endpoint: str, handover: str, n_batches: int, q: Any, hold: bool = False
+    rank: int,
+    endpoint: str,
+    handover: str,
+    n_batches: int,
+    q: Any,
+    hold: bool = False,
+    device: str = "cuda",
 ) -> None:
     """Receive device-pool batches; report sha256 of each owned item's bytes (read on the GPU
     stream, then copied out), or hold the first batch until killed."""
     import torch
 
-    c = CpuConsumer(rank, endpoint, handover=handover, device="cuda")
+    c = CpuConsumer(rank, endpoint, handover=handover, device=device)
     q.put(("joined", rank))
     try:
         for i in range(n_batches):

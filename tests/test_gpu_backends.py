@@ -238,3 +238,29 @@ def test_fabric_refused_takes_the_posix_fd_path_and_auto_says_why() -> None:
         assert ("FABRIC" in choice.reason) and choice.reason
     finally:
         auto_remote.close()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+@pytest.mark.parametrize("kind", KINDS)
+def test_consumer_on_another_gpu_opens_the_pool_on_its_own_device(kind: str) -> None:
+    p = CpuProducer(device_pool=kind, device="cuda:0", device_pool_size=32 << 20)  # type: ignore[arg-type]
+    inbox = _Inbox()
+    cons = SPAWN.Process(
+        target=procs.gpu_consume,
+        args=(0, p.endpoint, p.handover_path, 2, inbox.q, False, "cuda:1"),
+    )
+    try:
+        cons.start()
+        p.wait_for_consumers([0], 60)
+        g = torch.Generator(device="cuda:0").manual_seed(3)
+        first = torch.randn(1 << 20, device="cuda:0", generator=g)
+        last = torch.randint(0, 256, (5 << 20,), dtype=torch.uint8, device="cuda:0", generator=g)
+        p.publish("a", [_item(first)])
+        p.publish("b", [_item(last)])
+        assert inbox.get("batch", 120)[3] == {0: _sha(first)}
+        assert inbox.get("last", 120)[3] == {0: _sha(last)}
+        inbox.get("done", 120)
+        assert _settle(p, lambda: p.statistics().device_pool.items_in_use == 0)  # type: ignore[union-attr]
+    finally:
+        cons.join(30)
+        p.close()
