@@ -20,7 +20,7 @@ from rich.table import Table
 
 from . import _workers
 from ._harness import Ranks
-from ._report import write_run
+from ._report import bar_plot, write_run
 
 DATA = Path(__file__).resolve().parent / "data"
 
@@ -110,7 +110,8 @@ def run_demo(ranks: int = 2, out_dir: Path | None = None, console: Console | Non
         shutil.rmtree(tmp, ignore_errors=True)
 
     table = Table(
-        title=f"mmwire demo: 1 tokenizer -> {ranks} ranks, cpu backend, owner-side CPU materialisation"
+        title=f"mmwire demo: 1 tokenizer -> {ranks} ranks, cpu backend, "
+        "owner-side CPU materialisation"
     )
     for col in (
         "req",
@@ -141,10 +142,19 @@ def run_demo(ranks: int = 2, out_dir: Path | None = None, console: Console | Non
             "rows": rows,
             "notes": [
                 "latency = publish (or eager preprocess) -> every owner holds its pixel_values",
-                "pickle path: producer preprocesses to fp32 and pickles the batch to every rank over zmq",
+                "pickle path: producer preprocesses to fp32 and pickles the batch to every rank "
+                "over zmq",
             ],
         },
         table,
+        bar_plot(
+            [f"r{r['request']}" for r in rows],
+            {
+                "mmwire (deferred)": [r["mmwire_ms"] for r in rows],
+                "pickle + eager": [r["pickle_ms"] for r in rows],
+            },
+            "ms until every owner holds pixel_values",
+        ),
         out_dir=out_dir,
     )
     console.print(f"results written to {folder}")

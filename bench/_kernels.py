@@ -26,7 +26,7 @@ from PIL import Image
 from rich.console import Console
 from rich.table import Table
 
-from ._report import percentile, write_run
+from ._report import bar_plot, percentile, write_run
 
 DATA = Path(__file__).resolve().parent / "data"
 HBM_BYTES_PER_S = 4.8e12  # H200 HBM3e, datasheet
@@ -262,34 +262,19 @@ def run_kernels(
         )
     console.print(table)
 
-    def plot(path: Path) -> None:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(9, 4))
-        labels = [f"{r['case']}\n{r['dtype']}" for r in rows]
-        xs = np.arange(len(rows))
-        for k, (key, label) in enumerate(
-            (
+    plot = bar_plot(
+        [f"{r['case']}\n{r['dtype']}" for r in rows],
+        {
+            label: [percentile(r[key], 50) * 1e3 for r in rows]
+            for key, label in (
                 ("ours_device_s", "mmwire kernels"),
                 ("torch_way_device_s", "torch way (GPU)"),
                 ("e2e_registered_s", "mmwire e2e, registered H2D"),
                 ("pillow_cpu_s", "Pillow (CPU)"),
             )
-        ):
-            ax.bar(
-                xs + (k - 1.5) * 0.2, [percentile(r[key], 50) * 1e3 for r in rows], 0.2, label=label
-            )
-        ax.set_yscale("log")
-        ax.set_ylabel("ms (p50)")
-        ax.set_xticks(xs, labels, fontsize=7)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-
+        },
+        "ms (p50)",
+    )
     folder = write_run(
         "kernels",
         {

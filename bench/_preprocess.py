@@ -14,7 +14,7 @@ from PIL import Image
 from rich.console import Console
 from rich.table import Table
 
-from ._report import percentile, write_run
+from ._report import bar_plot, percentile, write_run
 
 DATA = Path(__file__).resolve().parent / "data"
 
@@ -45,7 +45,7 @@ def _time(fn: Any, reps: int) -> list[float]:
 def run_preprocess(
     threads: int = 2, out_dir: Path | None = None, console: Console | None = None
 ) -> Path:
-    """4x1536x1024 and 8x2048x2048 RGB, single- and multi-threaded, with the K3 limit and a resizing one."""
+    """4x1536x1024 and 8x2048x2048 RGB, 1 and N threads, the K2.5 limit and a resizing one."""
     console = console or Console()
     photo = Image.open(DATA / "coffee.png").convert("RGB")
     cases = {
@@ -106,11 +106,21 @@ def run_preprocess(
             "kind": "preprocess",
             "rows": rows,
             "notes": [
-                "limit 16384 leaves these sizes unresized (pad + normalise + patchify only); 4096 forces a BICUBIC downscale",
-                "the reference way pads normalised values with -1.0, equal to mmwire's raw-0 padding for mean = std = 0.5",
+                "limit 16384 leaves these sizes unresized (pad + normalise + patchify only); "
+                "4096 forces a BICUBIC downscale",
+                "the reference way pads normalised values with -1.0, equal to mmwire's raw-0 "
+                "padding for mean = std = 0.5",
             ],
         },
         table,
+        bar_plot(
+            [f"{r['case']}\nlimit {r['in_patch_limit']}, {r['threads']}t" for r in rows],
+            {
+                "mmwire": [percentile(r["ours_s"], 50) * 1e3 for r in rows],
+                "reference way": [percentile(r["reference_s"], 50) * 1e3 for r in rows],
+            },
+            "ms p50 (fp32 output)",
+        ),
         out_dir=out_dir,
     )
     console.print(f"results written to {folder}")

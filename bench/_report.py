@@ -13,7 +13,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["RESULTS_DIR", "machine", "percentile", "regenerate_index", "write_run"]
+__all__ = ["RESULTS_DIR", "bar_plot", "machine", "percentile", "regenerate_index", "write_run"]
 
 RESULTS_DIR = Path("bench") / "results"
 
@@ -89,6 +89,34 @@ def percentile(values: list[float], q: float) -> float:
     lo = int(pos)
     hi = min(lo + 1, len(xs) - 1)
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def bar_plot(
+    labels: list[str], series: dict[str, list[float]], ylabel: str, *, log: bool = True
+) -> Any:
+    """A grouped bar chart writer for ``write_run(plot=...)``: one group per label."""
+
+    def plot(path: Path) -> None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(labels) + 2), 4))
+        width = 0.8 / max(len(series), 1)
+        for k, (name, values) in enumerate(series.items()):
+            xs = [i + (k - (len(series) - 1) / 2) * width for i in range(len(labels))]
+            ax.bar(xs, values, width, label=name)
+        if log:
+            ax.set_yscale("log")
+        ax.set_ylabel(ylabel)
+        ax.set_xticks(range(len(labels)), labels, fontsize=7)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+
+    return plot
 
 
 def write_run(

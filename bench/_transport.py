@@ -293,7 +293,8 @@ def run_transport(
             "kind": "transport",
             "samples": samples,
             "notes": [
-                "owner = rank 0; mmwire's other ranks receive the envelope only, peers send the payload to every rank",
+                "owner = rank 0; mmwire's other ranks receive the envelope only, peers send the "
+                "payload to every rank",
                 "copied_bytes is the model of each path's copies per publish, not a measurement",
             ],
         },

@@ -38,7 +38,7 @@ def _cubic(x: float) -> float:
 
 @dataclass(frozen=True)
 class Coefficients:
-    """One axis: output ``i`` reads ``n[i]`` inputs from ``xmin[i]`` with weights ``k[i, :n[i]]``."""
+    """One axis: output ``i`` reads ``n[i]`` inputs from ``xmin[i]``, weights ``k[i, :n[i]]``."""
 
     xmin: np.ndarray[Any, np.dtype[np.int32]]
     n: np.ndarray[Any, np.dtype[np.int32]]
@@ -57,7 +57,7 @@ def bicubic_coefficients(in_size: int, out_size: int) -> Coefficients:
     scale = float(np.float32(in1 - in0)) / out_size
     filterscale = max(scale, 1.0)
     support = 2.0 * filterscale
-    ksize = int(math.ceil(support)) * 2 + 1
+    ksize = math.ceil(support) * 2 + 1
     inv_fs = 1.0 / filterscale
     xmin = np.zeros(out_size, np.int32)
     n = np.zeros(out_size, np.int32)

@@ -173,7 +173,7 @@ def patchify_into(
 
 
 def produce(pixels: np.ndarray[Any, Any], spec: PreprocessSpec, out: torch.Tensor) -> Grid:
-    """Run the pipeline for one image into ``out`` (``(patches, 3, p, p)`` rows); returns the grid."""
+    """Run the pipeline for one image into ``out`` (``(patches, 3, p, p)`` rows); its grid."""
     canvas = canvas_of(pixels, spec)
     p = spec.patch_size
     grid = Grid((1, canvas.shape[1] // p, canvas.shape[2] // p))

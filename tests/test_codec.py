@@ -148,7 +148,7 @@ class TestRejects:
         ref["offset"] = -8
         h = self.header(payload=ref)
         h["frames"] = 0
-        with pytest.raises(OffsetError, match="`payload.offset` must be >= 0"):
+        with pytest.raises(OffsetError, match=r"`payload\.offset` must be >= 0"):
             self.decode_header(h)
 
     def test_processed_rows_disagree_with_grid(self) -> None:

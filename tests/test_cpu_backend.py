@@ -102,7 +102,7 @@ def test_four_ranks_read_their_items_byte_exact(rng: np.random.Generator) -> Non
             per_rank[m[1]].append(m)
         first = {r: msgs[0] for r, msgs in per_rank.items()}
         for r in range(4):
-            _, rank, digests, opened, rss, _ = first[r]
+            _, rank, digests, opened, _rss, _ = first[r]
             want = {
                 i: hashlib.sha256(images[i].tobytes()).hexdigest()
                 for i, o in enumerate(owners)

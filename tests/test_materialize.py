@@ -311,7 +311,7 @@ def test_pipeline_takes_uint8_tensors_chw_and_hw(rng: np.random.Generator) -> No
 
 
 def test_pipeline_rejects_bad_inputs() -> None:
-    with pytest.raises(MaterializeError, match="uint8, got a torch.float32"):
+    with pytest.raises(MaterializeError, match=r"uint8, got a torch\.float32"):
         preprocess_images([torch.zeros((3, 8, 8))])
     with pytest.raises(MaterializeError, match="mode `I;16` is not supported"):
         preprocess_images([Image.new("I;16", (8, 8))])

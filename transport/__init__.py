@@ -21,7 +21,6 @@ from ._cpu import Item as Item
 from ._cpu import ProducerStatistics as ProducerStatistics
 from ._cpu import ReceivedBatch as ReceivedBatch
 from ._errors import ArenaFull as ArenaFull
-from ._gpu import DevicePoolStatistics as DevicePoolStatistics
 from ._errors import BackendUnavailable as BackendUnavailable
 from ._errors import BusyResourceError as BusyResourceError
 from ._errors import ByteLengthMismatch as ByteLengthMismatch
@@ -41,14 +40,13 @@ from ._errors import SchemaVersionError as SchemaVersionError
 from ._errors import StaleReference as StaleReference
 from ._errors import TransportError as TransportError
 from ._errors import UnknownDtype as UnknownDtype
+from ._gpu import DevicePoolStatistics as DevicePoolStatistics
 from ._index import GlobalIndex as GlobalIndex
 from ._index import GlobalTable as GlobalTable
 from ._index import IndexMap as IndexMap
 from ._index import LocalIndex as LocalIndex
 from ._index import LocalSlots as LocalSlots
 from ._schema import DTYPES as DTYPES
-from ._select import BackendChoice as BackendChoice
-from ._select import choose_backend as choose_backend
 from ._schema import SCHEMA_VERSION as SCHEMA_VERSION
 from ._schema import Background as Background
 from ._schema import CpuRef as CpuRef
@@ -61,6 +59,8 @@ from ._schema import PayloadRef as PayloadRef
 from ._schema import PreprocessSpec as PreprocessSpec
 from ._schema import ResizePlan as ResizePlan
 from ._schema import TensorSpec as TensorSpec
+from ._select import BackendChoice as BackendChoice
+from ._select import choose_backend as choose_backend
 from ._views import numpy_view as numpy_view
 from ._views import torch_view as torch_view
 

@@ -214,7 +214,8 @@ class Arena:
                 free = self.size - ARENA_HEADER - st.bytes_in_use
                 raise ArenaFull(
                     f"request needs {need} bytes; arena has {free} of {self.size} bytes free "
-                    f"({st.leases_outstanding} leases awaiting release) after waiting {timeout:.3g} s; "
+                    f"({st.leases_outstanding} leases awaiting release) after waiting "
+                    f"{timeout:.3g} s; "
                     "raise `arena_size`, release leases sooner, or use on_full='inline'"
                 )
             if drain is not None:
