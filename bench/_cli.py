@@ -34,7 +34,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="64K,1M,16M,64M,256M",
         help="comma-separated payload sizes (K/M suffixes)",
     )
-    tr.add_argument("--consumers", default="1,2,4", help="comma-separated rank counts")
+    tr.add_argument("--consumers", default="1,2,4,8", help="comma-separated rank counts")
     tr.add_argument("--methods", default="mmwire,pickle,oob,segment,tmp_queue")
     tr.add_argument("--seconds", type=float, default=2.0, help="time budget per cell")
     pre = sub.add_parser("preprocess", help="CPU preprocessing vs the reference processor's way")
