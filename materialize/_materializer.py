@@ -151,7 +151,7 @@ class Materializer:
         """Upload raw pixels once into one packed buffer, then two kernel launches.
 
         Everything is checked before the first upload. Returns once the uploads are done
-        (the payload views may then be released); the kernels run on on the current torch
+        (the payload views may then be released); the kernels run on the current torch
         stream, which orders any later use of the outputs after them.
         """
         from mmwire.kernels import preprocess_packed

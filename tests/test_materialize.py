@@ -452,3 +452,12 @@ def test_materializer_errors_name_the_item_and_keep_serving(rng: np.random.Gener
         mat.materialize(good, IndexMap(1, [GlobalIndex(0)]))
     out = mat.materialize(good, m)  # the same materializer keeps serving
     assert torch.equal(out.features[LocalIndex(1)], preprocess_images([images[0]])[0])
+
+
+def test_materializer_backend_is_chosen_and_refused_clearly() -> None:
+    assert Materializer(0).backend == "cpu"
+    assert Materializer(0, backend="cpu").backend == "cpu"
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        Materializer(0, backend="cuda")
+    with pytest.raises(ValueError, match="'auto', 'cpu' or 'cuda'"):
+        Materializer(0, backend="tpu")  # type: ignore[arg-type]

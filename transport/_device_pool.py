@@ -25,7 +25,11 @@ Invariants
 ----------
 No host synchronisation on either hot path (the recycler's one small copy waits only for
 itself, on a private stream). A slot's bytes are rewritten only after every consumer in
-its set acknowledged. One export per pool, one import per consumer process.
+its set acknowledged. One export per pool, one import per consumer process. A reference's
+bounds are checked on the host; its generation only by the GPU wait (``>=``, cyclic): a
+stale one passes at once (the slot cannot be reused before this rank acknowledges it),
+a forged future one would stall this rank's stream, so references must come from the
+producer's channel (a private ``0700`` directory, or CURVE).
 
 Lifetime
 --------

@@ -5,7 +5,8 @@ Layout
 One stream connection per consumer process, kept open for its whole life::
 
     consumer -> producer   msgpack Hello{rank, pid}
-    producer -> consumer   msgpack Offer{arena_id, size}  + SCM_RIGHTS [memfd]
+    producer -> consumer   msgpack Offer{arena_id, size, pool}  + SCM_RIGHTS [memfd]
+                                                   (+ the pool's fd for a posix_fd pool)
                      or    msgpack Refusal{reason}, then close
 
 The socket lives in the producer's fresh ``0700`` directory, so other users cannot
@@ -23,7 +24,8 @@ every lease still waiting on its rank. EOF seen by a consumer means the producer
 
 Invariants
 ----------
-One fd per producer per consumer process, never one per tensor (no ``ancdata`` exhaustion);
+One arena fd (and at most one pool fd) per producer per consumer process, never one per
+tensor (no ``ancdata`` exhaustion);
 ``pidfd_getfd`` is never used (it fails in unprivileged containers).
 
 Lifetime
