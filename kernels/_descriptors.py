@@ -83,6 +83,8 @@ class Layout:
 
     desc: np.ndarray[Any, np.dtype[np.int64]]
     tables: np.ndarray[Any, np.dtype[np.int32]]
+    grids: np.ndarray[Any, np.dtype[np.int64]]
+    """``(N, 3)`` grid_thw of the images (zeros for resize-only jobs)."""
     src_offsets: tuple[int, ...]
     src_bytes: int
     mid_bytes: int
@@ -192,11 +194,16 @@ def layout_of(jobs: tuple[ImageJob, ...], pillow: tuple[int, int] | None = None)
         out_rows += job.out_h
         out_width = max(out_width, job.out_w)
     tables = np.concatenate(chunks).astype(np.int32) if chunks else np.zeros(1, np.int32)
-    desc.setflags(write=False)
-    tables.setflags(write=False)
+    grids = np.array(
+        [(1, j.patches // j.grid_w, j.grid_w) if j.patches else (0, 0, 0) for j in jobs],
+        np.int64,
+    ).reshape(len(jobs), 3)
+    for a in (desc, tables, grids):
+        a.setflags(write=False)
     return Layout(
         desc=desc,
         tables=tables,
+        grids=grids,
         src_offsets=tuple(src_offsets),
         src_bytes=src,
         mid_bytes=mid,

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
+import numpy as np
 import torch
 from mmwire.materialize._pipeline import _table
 from mmwire.transport import PreprocessSpec
@@ -67,10 +68,44 @@ def pack(images: Sequence[Any]) -> tuple[torch.Tensor, list[Shape]]:
 
 
 @lru_cache(maxsize=64)
-def _device_layout(layout: Layout, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    desc = torch.from_numpy(layout.desc.copy()).to(device)
-    tab = torch.from_numpy(layout.tables.copy()).to(device)
-    return desc, tab
+def _uploaded(layout: Layout, device: torch.device) -> tuple[torch.Tensor, Any]:
+    """A layout's descriptors, tables and grids on ``device``: one pinned, stream-ordered copy.
+
+    Returns the flat buffer and the event that marks the copy done (``None`` on the CPU).
+    """
+    host = np.concatenate(
+        [
+            layout.desc.reshape(-1).view(np.uint8),
+            layout.grids.reshape(-1).view(np.uint8),
+            layout.tables.view(np.uint8),
+        ]
+    )
+    buf = torch.from_numpy(host)
+    if device.type != "cuda":
+        return buf.to(device), None
+    dev = buf.pin_memory().to(device, non_blocking=True)
+    done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+    done.record(torch.cuda.current_stream(device))
+    return dev, done
+
+
+def _device_layout(
+    layout: Layout, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(desc, tables, grids)`` views on ``device``, ordered before the current stream's work."""
+    buf, done = _uploaded(layout, device)
+    if done is not None:
+        torch.cuda.current_stream(device).wait_event(done)  # on the GPU; no host wait
+    n_desc, n_grid = layout.desc.nbytes, layout.grids.nbytes
+    desc = buf[:n_desc].view(torch.int64)
+    grids = buf[n_desc : n_desc + n_grid].view(torch.int64).view(-1, 3)
+    tab = buf[n_desc + n_grid :].view(torch.int32)
+    return desc, tab, grids
+
+
+@lru_cache(maxsize=16)
+def _default_launcher(device: torch.device) -> CupyLauncher:
+    return CupyLauncher(device)
 
 
 @lru_cache(maxsize=64)
@@ -85,7 +120,7 @@ def _device_tables(
 
 
 def _launcher_for(device: torch.device, launcher: Launcher | None) -> Launcher:
-    return launcher if launcher is not None else CupyLauncher(device)
+    return launcher if launcher is not None else _default_launcher(device)
 
 
 def preprocess_packed(
@@ -142,7 +177,7 @@ def preprocess_packed(
     _check_source(src, layout)
     device = src.device
     run = _launcher_for(device, launcher)
-    desc, tab = _device_layout(layout, device)
+    desc, tab, grids = _device_layout(layout, device)
     table = _device_tables(tuple(stats), dtype, device)
     mid = torch.empty(max(layout.mid_bytes, 1), dtype=torch.uint8, device=device)
     run.pass1(*_row_grid(layout.mid_rows, layout.mid_width), src, mid, desc, tab, len(jobs))
@@ -165,7 +200,7 @@ def preprocess_packed(
         out.view(_STORAGE[bits]),
         len(jobs),
     )
-    return out, to_device([s.plan.grid.thw for s in specs], device)
+    return out, grids.clone()  # callers own their grid_thw
 
 
 def to_device(rows: Sequence[tuple[int, ...]], device: torch.device) -> torch.Tensor:
@@ -207,7 +242,7 @@ def resize_packed(
     _check_source(src, layout)
     device = src.device
     run = _launcher_for(device, launcher)
-    desc, tab = _device_layout(layout, device)
+    desc, tab, _ = _device_layout(layout, device)
     mid = torch.empty(max(layout.mid_bytes, 1), dtype=torch.uint8, device=device)
     dst = torch.empty(max(layout.out_bytes, 1), dtype=torch.uint8, device=device)
     run.pass1(*_row_grid(layout.mid_rows, layout.mid_width), src, mid, desc, tab, len(jobs))
