@@ -24,7 +24,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from ._report import percentile, write_run
+from ._report import bar_plot, percentile, write_run
 
 SPAWN = mp.get_context("spawn")
 METHODS = ("cuda_ipc", "fabric", "cpu", "torch_mp")
@@ -140,6 +140,18 @@ def render_table(rows: list[dict[str, Any]]) -> Table:
     return table
 
 
+def render_plot(rows: list[dict[str, Any]]) -> Any:
+    """p50 latency per size, one bar per method (a ``write_run`` plot writer)."""
+    sizes = sorted({r["bytes"] for r in rows})
+    methods = [m for m in METHODS if any(r["method"] == m for r in rows)]
+    p50 = {(r["method"], r["bytes"]): percentile(r["seconds"], 50) * 1e3 for r in rows}
+    return bar_plot(
+        [f"{s >> 20} MiB" for s in sizes],
+        {m: [p50.get((m, s), float("nan")) for s in sizes] for m in methods},
+        "publish -> consumer-ready, ms (p50)",
+    )
+
+
 def run_gpu_transport(
     sizes: list[int] | None = None,
     reps: int = 20,
@@ -174,6 +186,7 @@ def run_gpu_transport(
             ],
         },
         table,
+        render_plot(rows),
         out_dir=out_dir,
     )
     console.print(f"results written to {folder}")
