@@ -176,17 +176,17 @@ def preprocess_packed(
     layout = layout_of(tuple(jobs), pillow)
     _check_source(src, layout)
     device = src.device
-    run = _launcher_for(device, launcher)
-    desc, tab, grids = _device_layout(layout, device)
-    table = _device_tables(tuple(stats), dtype, device)
-    mid = torch.empty(max(layout.mid_bytes, 1), dtype=torch.uint8, device=device)
-    run.pass1(*_row_grid(layout.mid_rows, layout.mid_width), src, mid, desc, tab, len(jobs))
     if layout.patches > _MAX_GRID_X or p * p > 1024:
         raise ValueError(f"{layout.patches} patches of {p}x{p} do not fit one launch")
     if out is None:
         out = torch.empty((layout.patches, 3, p, p), dtype=dtype, device=device)
     else:
-        _check_out(out, jobs, p, dtype, device)
+        _check_out(out, jobs, p, dtype, device)  # everything is checked before any launch
+    run = _launcher_for(device, launcher)
+    desc, tab, grids = _device_layout(layout, device)
+    table = _device_tables(tuple(stats), dtype, device)
+    mid = torch.empty(max(layout.mid_bytes, 1), dtype=torch.uint8, device=device)
+    run.pass1(*_row_grid(layout.mid_rows, layout.mid_width), src, mid, desc, tab, len(jobs))
     bits = _BITS[dtype]
     run.finish(
         bits,

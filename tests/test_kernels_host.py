@@ -156,3 +156,21 @@ def test_kernel_entry_points_reject_bad_input(host: HostLauncher) -> None:
 
 def test_host_build_is_warning_free(tmp_path: Path) -> None:
     build(tmp_path)  # -Wall -Werror: an unused variable or sign mix-up fails here
+
+
+def test_patches_land_at_the_given_rows_and_overlaps_are_refused(
+    host: HostLauncher, rng: np.random.Generator
+) -> None:
+    images = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in ((150, 97), (61, 40))]
+    specs = [SMALL.spec_for(im.shape[1], im.shape[0]) for im in images]
+    n0, n1 = (s.plan.grid.patches for s in specs)
+    src, shapes = pack([torch.from_numpy(im) for im in images])
+    out = torch.full((n0 + n1 + 5, 3, 14, 14), 7.0)
+    preprocess_packed(src, shapes, specs, out=out, rows=[n1 + 5, 0], launcher=host)
+    want, _ = kernels([(im, SMALL) for im in images], torch.float32, "cpu", host)
+    assert torch.equal(out[n1 + 5 :], want[:n0]) and torch.equal(out[:n1], want[n0:])
+    assert bool((out[n1 : n1 + 5] == 7.0).all())  # the gap is untouched
+    with pytest.raises(ValueError, match="overlap"):
+        preprocess_packed(src, shapes, specs, out=out, rows=[0, 1], launcher=host)
+    with pytest.raises(ValueError, match="do not fit"):
+        preprocess_packed(src, shapes, specs, out=out, rows=[n1 + 6, 0], launcher=host)
