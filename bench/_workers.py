@@ -44,6 +44,7 @@ def mmwire_rank(
     from mmwire.materialize import Materializer, assign_owners
     from mmwire.transport import CpuConsumer, PeerGone
 
+    torch.set_num_threads(1)  # as in pipeline_rank: ranks share the host's cores
     ctx, out = _reporter(report)
     consumer = CpuConsumer(rank, endpoint, handover=handover)
     mat = Materializer(rank)
