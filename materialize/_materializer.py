@@ -123,12 +123,7 @@ class Materializer:
             if env.kind == "raw":
                 self._raw_into(batch, g, env, out, where)
             else:
-                src = batch.open_tensor(g)
-                if tuple(src.shape[1:]) != (3, p, p):
-                    raise MaterializeError(
-                        f"processed {where} has shape {list(src.shape)}, expected (n, 3, {p}, {p})"
-                    )
-                out.copy_(src)
+                out.copy_(_processed(batch, g, where, p))
             grids.append(env.grid.thw)
             spans.append((local, start, n))
             start += n
@@ -172,12 +167,7 @@ class Materializer:
                 spec = self._raw_spec(env, where)
                 raw.append((batch.open_tensor(g), spec, start))
             else:
-                src = batch.open_tensor(g)
-                if tuple(src.shape[1:]) != (3, p, p):
-                    raise MaterializeError(
-                        f"processed {where} has shape {list(src.shape)}, expected (n, 3, {p}, {p})"
-                    )
-                processed.append((src, start, n))
+                processed.append((_processed(batch, g, where, p), start, n))
             grids.append(env.grid.thw)
             spans.append((local, start, n))
             start += n
@@ -264,6 +254,16 @@ def resolve_backend(
     except ImportError:
         return "cpu"
     return "cuda"
+
+
+def _processed(batch: PayloadSource, g: GlobalIndex, where: str, p: int) -> torch.Tensor:
+    """A processed item's ``(n, 3, p, p)`` payload view, or a ``MaterializeError``."""
+    src = batch.open_tensor(g)
+    if tuple(src.shape[1:]) != (3, p, p):
+        raise MaterializeError(
+            f"processed {where} has shape {list(src.shape)}, expected (n, 3, {p}, {p})"
+        )
+    return src
 
 
 def _patch_size(env: FeatureEnvelope) -> int:
