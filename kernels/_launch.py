@@ -65,6 +65,7 @@ class Launcher(Protocol):
         table: torch.Tensor,
         out: torch.Tensor,
         n_images: int,
+        n_patches: int,
     ) -> None:
         """The last pass fused with composite, pad, normalise and patchify."""
 
@@ -176,9 +177,13 @@ class CupyLauncher:
         table: torch.Tensor,
         out: torch.Tensor,
         n_images: int,
+        n_patches: int,
     ) -> None:
         self._launch(
-            _FINISH[bits], grid, block, (src, mid, desc, tab, table, out, np.int32(n_images))
+            _FINISH[bits],
+            grid,
+            block,
+            (src, mid, desc, tab, table, out, np.int32(n_images), np.int32(n_patches)),
         )
 
 
