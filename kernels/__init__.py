@@ -9,7 +9,6 @@ needed only to launch (``mmwire[cuda12]`` / ``mmwire[cuda13]``).
 """
 
 from ._descriptors import FIELDS as FIELDS
-from ._descriptors import FINISH_PATCHES as FINISH_PATCHES
 from ._descriptors import ImageJob as ImageJob
 from ._descriptors import Layout as Layout
 from ._descriptors import layout_of as layout_of
@@ -24,7 +23,6 @@ from ._ops import resize_packed as resize_packed
 
 __all__ = [
     "FIELDS",
-    "FINISH_PATCHES",
     "SOURCE",
     "CupyLauncher",
     "ImageJob",

@@ -14,10 +14,7 @@ import numpy as np
 from mmwire.materialize import bicubic_coefficients, pass_order
 from mmwire.transport import Background
 
-__all__ = ["FIELDS", "FINISH_PATCHES", "ImageJob", "Layout", "layout_of"]
-
-FINISH_PATCHES = 4
-"""Patches per block of the ``finish`` kernel (``enum { FINISH_PATCHES }`` in pixels.cu)."""
+__all__ = ["FIELDS", "ImageJob", "Layout", "layout_of"]
 
 FIELDS: tuple[str, ...] = (
     "SRC_OFF",

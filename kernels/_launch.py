@@ -65,7 +65,6 @@ class Launcher(Protocol):
         table: torch.Tensor,
         out: torch.Tensor,
         n_images: int,
-        n_patches: int,
     ) -> None:
         """The last pass fused with composite, pad, normalise and patchify."""
 
@@ -177,13 +176,9 @@ class CupyLauncher:
         table: torch.Tensor,
         out: torch.Tensor,
         n_images: int,
-        n_patches: int,
     ) -> None:
         self._launch(
-            _FINISH[bits],
-            grid,
-            block,
-            (src, mid, desc, tab, table, out, np.int32(n_images), np.int32(n_patches)),
+            _FINISH[bits], grid, block, (src, mid, desc, tab, table, out, np.int32(n_images))
         )
 
 

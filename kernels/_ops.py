@@ -17,7 +17,7 @@ import torch
 from mmwire.materialize._pipeline import _table
 from mmwire.transport import PreprocessSpec
 
-from ._descriptors import FINISH_PATCHES, ImageJob, Layout, layout_of
+from ._descriptors import ImageJob, Layout, layout_of
 from ._launch import CupyLauncher, Dims, Launcher
 
 __all__ = ["pack", "preprocess", "preprocess_packed", "resize", "resize_packed"]
@@ -190,7 +190,7 @@ def preprocess_packed(
     bits = _BITS[dtype]
     run.finish(
         bits,
-        (-(-layout.patches // FINISH_PATCHES), 1),
+        (layout.patches, 1),
         (p, p),
         src,
         mid,
@@ -199,7 +199,6 @@ def preprocess_packed(
         table,
         out.view(_STORAGE[bits]),
         len(jobs),
-        layout.patches,
     )
     return out, grids.clone()  # callers own their grid_thw
 

@@ -15,7 +15,7 @@
 // kernels/_descriptors.py and checked by tests/test_kernels_host.py). Launches are 2-D
 // and need no index division: the resize passes run one block row per image row
 // (blockIdx.x, over all images of the launch) and blockIdx.y * blockDim.x + threadIdx.x
-// across it; the fused finish runs FINISH_PATCHES patches per block, threadIdx = (px, py).
+// across it; the fused finish runs one block per output patch with threadIdx = (px, py).
 // A block finds its image by binary search on a running start field, so images of
 // different sizes share one launch; the channel count is a template argument.
 
@@ -245,63 +245,39 @@ __device__ __forceinline__ void canvas_rgb(const u8* __restrict__ src, const u8*
   }
 }
 
-// Patches per block of `finish`: each thread keeps this many pixels' loads in flight
-// (one pixel each is latency-bound: too few bytes in flight to fill HBM).
-enum { FINISH_PATCHES = 4 };
-
 // The last pass fused with composite, zero pad, normalise and patchify into
-// (sum patches, 3, p, p). Grid: FINISH_PATCHES patches per block; block (p, p).
+// (sum patches, 3, p, p). Grid: one block per patch of the launch; block (p, p).
 // T is the output's bit pattern (32 or 16 bits).
 template <typename T>
 __global__ void finish(const u8* __restrict__ src, const u8* __restrict__ mid,
                        const i64* __restrict__ desc, const int* __restrict__ tab,
-                       const T* __restrict__ table, T* __restrict__ out, int n_images,
-                       int n_patches) {
+                       const T* __restrict__ table, T* __restrict__ out, int n_images) {
   const int p = blockDim.x;
-  const int pp = p * p;
-  int rgb[FINISH_PATCHES][3];
-  const i64* ds[FINISH_PATCHES];
-  int pjs[FINISH_PATCHES];
-#pragma unroll
-  for (int k = 0; k < FINISH_PATCHES; ++k) {  // first every load...
-    const int patch = blockIdx.x * FINISH_PATCHES + k;
-    rgb[k][0] = rgb[k][1] = rgb[k][2] = 0;
-    ds[k] = nullptr;
-    pjs[k] = 0;
-    if (patch < n_patches) {
-      const i64* d = find_image(desc, n_images, PATCH_START, patch);
-      const int pj = patch - (int)d[PATCH_START];
-      const int gw = (int)d[GRID_W];
-      const int gy = pj / gw;
-      const int y = gy * p + threadIdx.y, x = (pj - gy * gw) * p + threadIdx.x;
-      if (y < d[OUT_H] && x < d[OUT_W]) {
-        switch (d[CH]) {
-          case 1: canvas_rgb<1>(src, mid, d, tab, y, x, rgb[k]); break;
-          case 3: canvas_rgb<3>(src, mid, d, tab, y, x, rgb[k]); break;
-          default: canvas_rgb<4>(src, mid, d, tab, y, x, rgb[k]); break;
-        }
-      }
-      ds[k] = d;
-      pjs[k] = pj;
+  const i64* d = find_image(desc, n_images, PATCH_START, blockIdx.x);
+  const int pj = (int)(blockIdx.x - d[PATCH_START]);
+  const int gw = (int)d[GRID_W];
+  const int gy = pj / gw;  // once per block
+  const int y = gy * p + threadIdx.y, x = (pj - gy * gw) * p + threadIdx.x;
+  int rgb[3] = {0, 0, 0};
+  if (y < d[OUT_H] && x < d[OUT_W]) {
+    switch (d[CH]) {
+      case 1: canvas_rgb<1>(src, mid, d, tab, y, x, rgb); break;
+      case 3: canvas_rgb<3>(src, mid, d, tab, y, x, rgb); break;
+      default: canvas_rgb<4>(src, mid, d, tab, y, x, rgb); break;
     }
   }
-#pragma unroll
-  for (int k = 0; k < FINISH_PATCHES; ++k) {  // ...then every store
-    const i64* d = ds[k];
-    if (d == nullptr) continue;
-    const T* tb = table + d[TABLE];
-    T* o = out + (d[ROW] + pjs[k]) * 3 * pp + threadIdx.y * p + threadIdx.x;  // i64 offsets
-    o[0] = tb[rgb[k][0]];
-    o[pp] = tb[256 + rgb[k][1]];
-    o[2 * pp] = tb[512 + rgb[k][2]];
-  }
+  const int pp = p * p;
+  const T* tb = table + d[TABLE];
+  T* o = out + (d[ROW] + pj) * 3 * pp + threadIdx.y * p + threadIdx.x;  // i64 offsets
+  o[0] = tb[rgb[0]];
+  o[pp] = tb[256 + rgb[1]];
+  o[2 * pp] = tb[512 + rgb[2]];
 }
 
 #ifndef __CUDACC_RTC__
 // nvcc (the CI compile check) instantiates what NVRTC gets through name expressions.
 template __global__ void finish<unsigned int>(const u8*, const u8*, const i64*, const int*,
-                                              const unsigned int*, unsigned int*, int, int);
+                                              const unsigned int*, unsigned int*, int);
 template __global__ void finish<unsigned short>(const u8*, const u8*, const i64*, const int*,
-                                                const unsigned short*, unsigned short*, int,
-                                                int);
+                                                const unsigned short*, unsigned short*, int);
 #endif

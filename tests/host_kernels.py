@@ -107,7 +107,6 @@ class HostLauncher:
         table: torch.Tensor,
         out: torch.Tensor,
         n_images: int,
-        n_patches: int,
     ) -> None:
         fn = self._lib.host_finish_u32 if bits == 32 else self._lib.host_finish_u16
         fn(
@@ -120,5 +119,4 @@ class HostLauncher:
             _p(table),
             _p(out),
             ctypes.c_int(n_images),
-            ctypes.c_int(n_patches),
         )

@@ -29,15 +29,12 @@ extern "C" void host_pass2(const unsigned* grid, const unsigned* block, const u8
 
 extern "C" void host_finish_u32(const unsigned* grid, const unsigned* block, const u8* src,
                                 const u8* mid, const i64* desc, const int* tab,
-                                const unsigned int* table, unsigned int* out, int n,
-                                int n_patches) {
-  run(grid, block, [&] { finish<unsigned int>(src, mid, desc, tab, table, out, n, n_patches); });
+                                const unsigned int* table, unsigned int* out, int n) {
+  run(grid, block, [&] { finish<unsigned int>(src, mid, desc, tab, table, out, n); });
 }
 
 extern "C" void host_finish_u16(const unsigned* grid, const unsigned* block, const u8* src,
                                 const u8* mid, const i64* desc, const int* tab,
-                                const unsigned short* table, unsigned short* out, int n,
-                                int n_patches) {
-  run(grid, block,
-      [&] { finish<unsigned short>(src, mid, desc, tab, table, out, n, n_patches); });
+                                const unsigned short* table, unsigned short* out, int n) {
+  run(grid, block, [&] { finish<unsigned short>(src, mid, desc, tab, table, out, n); });
 }
