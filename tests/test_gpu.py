@@ -93,7 +93,8 @@ def test_cuda_seed_case_4x1536x1024(rng: np.random.Generator, resizing: bool, dt
     from PIL import Image
 
     cfg = ProcessorConfig(in_patch_limit=6144) if resizing else ProcessorConfig()
-    photo = np.asarray(Image.open(photo_path("astronaut.png")).convert("RGB").resize((1536, 1024)))
+    # np.array, not np.asarray: a read-only array makes torch.from_numpy warn (an error here)
+    photo = np.array(Image.open(photo_path("astronaut.png")).convert("RGB").resize((1536, 1024)))
     images = [photo] + [rng.integers(0, 256, (1024, 1536, 3), dtype=np.uint8) for _ in range(3)]
     items = [(im, cfg) for im in images]
     want_pv, want_grid = reference(items, getattr(torch, dtype))
