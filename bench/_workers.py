@@ -12,6 +12,7 @@ from __future__ import annotations
 import mmap
 import os
 import pickle  # the peers' way, reproduced for comparison only
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -26,7 +27,20 @@ _ENC = msgspec.msgpack.Encoder()
 _TORCH_DTYPES = {"|u1": torch.uint8, "<f4": torch.float32, "<f2": torch.float16, "<i8": torch.int64}
 
 
+def _exit_with_parent() -> None:
+    """End this rank when the harness dies: a zmq PULL or queue never notices on its own."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="mmwire-bench-parent-watch", daemon=True).start()
+
+
 def _reporter(report: str) -> tuple[zmq.Context[Any], zmq.Socket[Any]]:
+    _exit_with_parent()  # every rank body starts by making its reporter
     ctx: zmq.Context[Any] = zmq.Context()
     sock = ctx.socket(zmq.PUSH)
     sock.connect(report)
