@@ -15,7 +15,7 @@ import pickle  # the peers' way, reproduced for comparison only
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import msgspec
@@ -51,6 +51,21 @@ def _say(sock: zmq.Socket[Any], *fields: Any) -> None:
     sock.send(_ENC.encode(list(fields)))
 
 
+def _requests(consumer: Any) -> Iterator[tuple[str, Any]]:
+    """A mmwire rank's ``(request_id, batch)`` until the 'stop' request; each batch is
+    released when the caller asks for the next one."""
+    while True:
+        try:
+            batch = consumer.recv(timeout=0.5)
+        except TimeoutError:
+            continue
+        with batch:
+            rid = batch.envelopes.values()[0].request_id
+            if rid == "stop":
+                return
+            yield rid, batch
+
+
 def mmwire_rank(
     rank: int, ranks: int, endpoint: str, handover: str, materialize: bool, report: str
 ) -> None:
@@ -64,23 +79,15 @@ def mmwire_rank(
     mat = Materializer(rank)
     _say(out, "ready", rank, "", 0.0)
     try:
-        while True:
-            try:
-                batch = consumer.recv(timeout=0.5)
-            except TimeoutError:
-                continue
-            with batch:
-                rid = batch.envelopes.values()[0].request_id
-                if rid == "stop":
-                    break
-                if materialize:
-                    counts = [e.grid.patches for e in batch.envelopes.values()]
-                    mine = assign_owners(counts, ranks)[rank]
-                    result = mat.materialize(batch, mine)
-                    nbytes = result.pixel_values.numel() * result.pixel_values.element_size()
-                else:
-                    nbytes = sum(batch.open_tensor(g).numel() for g in batch.owned)
-                _say(out, "done", rank, rid, time.perf_counter(), nbytes)
+        for rid, batch in _requests(consumer):
+            if materialize:
+                counts = [e.grid.patches for e in batch.envelopes.values()]
+                mine = assign_owners(counts, ranks)[rank]
+                result = mat.materialize(batch, mine)
+                nbytes = result.pixel_values.numel() * result.pixel_values.element_size()
+            else:
+                nbytes = sum(batch.open_tensor(g).numel() for g in batch.owned)
+            _say(out, "done", rank, rid, time.perf_counter(), nbytes)
     except PeerGone:
         pass
     finally:
@@ -187,30 +194,22 @@ def pipeline_rank(
     mat = Materializer(rank, device=device)
     _say(out, "ready", rank, "", 0.0)
     try:
-        while True:
-            try:
-                batch = consumer.recv(timeout=0.5)
-            except TimeoutError:
-                continue
-            with batch:
-                rid = batch.envelopes.values()[0].request_id
-                if rid == "stop":
-                    break
-                held = 0
-                if mode == "deferred":
-                    mine = IndexMap(rank, list(batch.owned))
-                    if len(mine):
-                        held = mat.materialize(batch, mine).pixel_values.numel()
-                else:
-                    counts = [e.grid.patches for e in batch.envelopes.values()]
-                    for _, g in assign_owners(counts, ranks)[rank].items():
-                        t = batch.open_tensor(g)
-                        if on_gpu:
-                            t = t.to(device, non_blocking=True)
-                        held += t.numel()
-                if on_gpu:
-                    torch.cuda.synchronize()
-                _say(out, "done", rank, rid, time.perf_counter(), held)
+        for rid, batch in _requests(consumer):
+            held = 0
+            if mode == "deferred":
+                mine = IndexMap(rank, list(batch.owned))
+                if len(mine):
+                    held = mat.materialize(batch, mine).pixel_values.numel()
+            else:
+                counts = [e.grid.patches for e in batch.envelopes.values()]
+                for _, g in assign_owners(counts, ranks)[rank].items():
+                    t = batch.open_tensor(g)
+                    if on_gpu:
+                        t = t.to(device, non_blocking=True)
+                    held += t.numel()
+            if on_gpu:
+                torch.cuda.synchronize()
+            _say(out, "done", rank, rid, time.perf_counter(), held)
     except PeerGone:
         pass
     finally:
