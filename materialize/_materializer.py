@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, final
 
 import numpy as np
@@ -106,42 +106,45 @@ class Materializer:
         if len(patch) > 1:
             raise MaterializeError(f"items of one batch use different patch sizes {sorted(patch)}")
         p = patch.pop() if patch else 14
-        rows = [_rows(e) for _, _, e in envs]
+        walk = self._walk(batch, envs, p)
         if self.backend == "cuda":
-            return self._on_cuda(batch, index_map, envs, rows, p)
-        pixel_values = torch.empty((sum(rows), 3, p, p), dtype=self.dtype)
-        grids: list[tuple[int, int, int]] = []
-        features: LocalSlots[torch.Tensor] = LocalSlots(len(envs))
-        spans: list[tuple[LocalIndex, int, int]] = []
-        start = 0
-        for (local, g, env), n in zip(envs, rows):
-            where = f"item {g.value} (local slot {local.value}) of request {env.request_id!r}"
-            if env.kind == "embedding":
-                features[local] = batch.open_tensor(g)
-                continue
-            out = pixel_values[start : start + n]
-            if env.kind == "raw":
-                self._raw_into(batch, g, env, out, where)
-            else:
-                out.copy_(_processed(batch, g, where, p))
-            grids.append(env.grid.thw)
-            spans.append((local, start, n))
-            start += n
-        grid_thw = torch.tensor(grids, dtype=torch.int64).reshape(-1, 3)
+            return self._on_cuda(batch, index_map, walk, p)
+        pixel_values = torch.empty((walk.rows, 3, p, p), dtype=self.dtype)
+        for g, spec, row, n, where in walk.raw:
+            self._raw_into(batch, g, spec, pixel_values[row : row + n], where)
+        for src, row, n in walk.processed:
+            pixel_values[row : row + n].copy_(src)
+        grid_thw = torch.tensor(walk.grids, dtype=torch.int64).reshape(-1, 3)
         if self.device.type != "cpu":
             pixel_values = pixel_values.to(self.device)
             grid_thw = grid_thw.to(self.device)
-        for local, start, n in spans:  # views of the returned tensor, on its device
-            features[local] = pixel_values[start : start + n]
-        return MaterializedBatch(pixel_values, grid_thw, features, index_map)
+        return walk.finish(pixel_values, grid_thw, index_map)
 
-    def _on_cuda(
+    def _walk(
         self,
         batch: PayloadSource,
-        index_map: IndexMap,
         envs: list[tuple[LocalIndex, GlobalIndex, FeatureEnvelope]],
-        rows: list[int],
         p: int,
+    ) -> _Walk:
+        """Every item checked and placed: embeddings passed through, rows of the others."""
+        walk = _Walk(LocalSlots(len(envs)))
+        for local, g, env in envs:
+            where = f"item {g.value} (local slot {local.value}) of request {env.request_id!r}"
+            if env.kind == "embedding":
+                walk.features[local] = batch.open_tensor(g)
+                continue
+            n = _rows(env)
+            if env.kind == "raw":
+                walk.raw.append((g, self._raw_spec(env, where), walk.rows, n, where))
+            else:
+                walk.processed.append((_processed(batch, g, where, p), walk.rows, n))
+            walk.grids.append(env.grid.thw)
+            walk.spans.append((local, walk.rows, n))
+            walk.rows += n
+        return walk
+
+    def _on_cuda(
+        self, batch: PayloadSource, index_map: IndexMap, walk: _Walk, p: int
     ) -> MaterializedBatch:
         """Upload raw pixels once into one packed buffer, then two kernel launches.
 
@@ -152,55 +155,32 @@ class Materializer:
         from mmwire.kernels import preprocess_packed
         from mmwire.kernels._ops import to_device
 
-        features: LocalSlots[torch.Tensor] = LocalSlots(len(envs))
-        raw: list[tuple[torch.Tensor, PreprocessSpec, int]] = []
-        processed: list[tuple[torch.Tensor, int, int]] = []
-        grids: list[tuple[int, int, int]] = []
-        spans: list[tuple[LocalIndex, int, int]] = []
-        start = 0
-        for (local, g, env), n in zip(envs, rows):
-            where = f"item {g.value} (local slot {local.value}) of request {env.request_id!r}"
-            if env.kind == "embedding":
-                features[local] = batch.open_tensor(g)
-                continue
-            if env.kind == "raw":
-                spec = self._raw_spec(env, where)
-                raw.append((batch.open_tensor(g), spec, start))
-            else:
-                processed.append((_processed(batch, g, where, p), start, n))
-            grids.append(env.grid.thw)
-            spans.append((local, start, n))
-            start += n
-        pixel_values = torch.empty((start, 3, p, p), dtype=self.dtype, device=self.device)
-        packed = torch.empty(
-            sum(v.numel() for v, _, _ in raw), dtype=torch.uint8, device=self.device
-        )
+        views = [batch.open_tensor(g) for g, _, _, _, _ in walk.raw]
+        pixel_values = torch.empty((walk.rows, 3, p, p), dtype=self.dtype, device=self.device)
+        packed = torch.empty(sum(v.numel() for v in views), dtype=torch.uint8, device=self.device)
         stream = torch.cuda.current_stream(self.device)
         at = 0
-        for view, _, _ in raw:  # one upload per item, straight from the (registered) arena
+        for view in views:  # one upload per item, straight from the (registered) arena
             packed[at : at + view.numel()].copy_(view.reshape(-1), non_blocking=True)
             at += view.numel()
-        for src, row, n in processed:
+        for src, row, n in walk.processed:
             pixel_values[row : row + n].copy_(src, non_blocking=True)
         uploaded = torch.cuda.Event()  # type: ignore[no-untyped-call]
         uploaded.record(stream)
         try:
-            if raw:
+            if views:
                 preprocess_packed(
                     packed,
-                    [(int(v.shape[0]), int(v.shape[1]), int(v.shape[2])) for v, _, _ in raw],
-                    [spec for _, spec, _ in raw],
+                    [(int(v.shape[0]), int(v.shape[1]), int(v.shape[2])) for v in views],
+                    [spec for _, spec, _, _, _ in walk.raw],
                     self.dtype,
                     out=pixel_values,
-                    rows=[row for _, _, row in raw],
+                    rows=[row for _, _, row, _, _ in walk.raw],
                     launcher=self._launcher,
                 )
         finally:
             uploaded.synchronize()  # the host views must outlive the copies from them
-        grid_thw = to_device(grids, self.device)
-        for local, row, n in spans:
-            features[local] = pixel_values[row : row + n]
-        return MaterializedBatch(pixel_values, grid_thw, features, index_map)
+        return walk.finish(pixel_values, to_device(walk.grids, self.device), index_map)
 
     def _raw_spec(self, env: FeatureEnvelope, where: str) -> PreprocessSpec:
         """A raw item's spec after the checks the CPU path makes while producing it."""
@@ -223,16 +203,36 @@ class Materializer:
         self,
         batch: PayloadSource,
         g: GlobalIndex,
-        env: FeatureEnvelope,
+        spec: PreprocessSpec,
         out: torch.Tensor,
         where: str,
     ) -> None:
-        spec = self._raw_spec(env, where)
         try:
             pixels = to_pixels(batch.open(g), max_pixels=self.max_pixels)
         except MaterializeError as e:
             raise MaterializeError(f"{where}: {e}") from e
         produce(pixels, spec, out)
+
+
+@dataclass
+class _Walk:
+    """A batch's items for this rank, checked: where each non-embedding's rows go."""
+
+    features: LocalSlots[torch.Tensor]
+    raw: list[tuple[GlobalIndex, PreprocessSpec, int, int, str]] = field(default_factory=list)
+    """``(index, spec, first row, rows, where)`` per raw item."""
+    processed: list[tuple[torch.Tensor, int, int]] = field(default_factory=list)
+    grids: list[tuple[int, int, int]] = field(default_factory=list)
+    spans: list[tuple[LocalIndex, int, int]] = field(default_factory=list)
+    rows: int = 0
+
+    def finish(
+        self, pixel_values: torch.Tensor, grid_thw: torch.Tensor, index_map: IndexMap
+    ) -> MaterializedBatch:
+        """The batch, each slot's features a view of ``pixel_values`` on its device."""
+        for local, row, n in self.spans:
+            self.features[local] = pixel_values[row : row + n]
+        return MaterializedBatch(pixel_values, grid_thw, self.features, index_map)
 
 
 def resolve_backend(
@@ -273,8 +273,7 @@ def _patch_size(env: FeatureEnvelope) -> int:
 
 
 def _rows(env: FeatureEnvelope) -> int:
-    if env.kind == "embedding":
-        return 0
+    """Rows of ``pixel_values`` a raw or processed item fills."""
     if env.kind == "raw" and env.preprocess is not None:
         return env.preprocess.plan.grid.patches
     return int(env.tensor.shape[0])

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from kernel_cases import CASES
 from mmwire.transport import CpuConsumer, CpuProducer, GlobalIndex, Grid, Item
 
 pytestmark = [
@@ -61,18 +62,7 @@ def test_materializer_on_cuda_returns_views_of_the_device_batch() -> None:
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
-@pytest.mark.parametrize(
-    "name",
-    [
-        "rgb_distinct",
-        "rgba_chessboard",
-        "rgba_drop_and_white",
-        "gray",
-        "pass_order_flip",
-        "tiny_and_extreme",
-        "mixed_configs",
-    ],
-)
+@pytest.mark.parametrize("name", CASES)
 def test_cuda_kernels_equal_the_cpu_path(rng: np.random.Generator, name: str, dtype: str) -> None:
     from kernel_cases import case, differing, kernels, reference
 

@@ -9,6 +9,7 @@ API is the same either way.
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
 from collections.abc import Callable, Collection
@@ -213,7 +214,5 @@ class ConsumerDevice:
             self.mapping.close()
             self.mapping = None
         if self._fd is not None:
-            import os
-
             os.close(self._fd)
             self._fd = None
