@@ -1,6 +1,7 @@
 """``mmwire-bench kernels``: the CUDA pixel pipeline against the peers' torch way and Pillow.
 
-(a) mmwire: ``mmwire.kernels.preprocess_packed`` (two launches for the whole batch);
+(a) mmwire: ``mmwire.kernels.preprocess_packed`` (one launch for the whole batch; two when an
+    image's tile intermediate does not fit in shared memory);
 (b) the torch path peer engines use on the GPU (vLLM/SGLang processors through torchvision
     v2): per image ``F.interpolate(bicubic, antialias=True)`` on float32, ``round``/``clamp``,
     pad, affine normalise, ``view``/``permute`` patchify, cast;
@@ -286,7 +287,7 @@ def run_kernels(
                 "Pillow must be 0",
                 "the floor counts the uint8 input read once and the output written once, at "
                 f"4.8 TB/s; the device-to-device copy measured {d2d / 1e12:.2f} TB/s here",
-                "e2e = H2D of the packed uint8 pixels + both kernels, host wall clock to the "
+                "e2e = H2D of the packed uint8 pixels + the kernels, host wall clock to the "
                 "end of the work; call = one preprocess call to the end of its work (host "
                 "launch overhead included); dev = device time only",
             ],

@@ -14,7 +14,7 @@ import numpy as np
 from mmwire.materialize import bicubic_coefficients, pass_order
 from mmwire.transport import Background
 
-__all__ = ["FIELDS", "ImageJob", "Layout", "layout_of"]
+__all__ = ["FIELDS", "TILE_PIXELS", "TILE_SMEM_BYTES", "ImageJob", "Layout", "layout_of"]
 
 FIELDS: tuple[str, ...] = (
     "SRC_OFF",
@@ -49,10 +49,22 @@ FIELDS: tuple[str, ...] = (
     "OUT_OFF",
     "TABLE",
     "ROW",
+    "GRID_H",
+    "TILE_START",
+    "TILES_W",
+    "TILED",
 )
 _F = {name: i for i, name in enumerate(FIELDS)}
 _NONE, _HORIZONTAL, _VERTICAL = 0, 1, 2
 _SOLID = {"white": 255, "gray": 128, "black": 0}
+
+TILE_PIXELS = (32, 64)
+"""About how many canvas rows and columns one block of the fused launch covers: a whole
+number of patches, at least one."""
+TILE_SMEM_BYTES = 40 * 1024
+"""The largest intermediate one tile may keep in shared memory (4 bytes a pixel); an image
+needing more goes through the global intermediate. With the block's own 3.3 KiB this stays
+under the 48 KiB a launch gets without opting in."""
 
 
 @dataclass(frozen=True)
@@ -96,6 +108,24 @@ class Layout:
     out_bytes: int
     out_rows: int
     out_width: int
+    tile_image: np.ndarray[Any, np.dtype[np.int32]]
+    """The image of each tile of the fused launch (tiles of one image are consecutive)."""
+    tile_h: int
+    tile_w: int
+    """Patches per tile, down and across."""
+    smem_bytes: int
+    """Dynamic shared memory of the fused launch: the largest TILED intermediate."""
+
+    @property
+    def tiles(self) -> int:
+        return int(self.tile_image.size)
+
+
+def _tile_span(xmin: np.ndarray[Any, Any], n: np.ndarray[Any, Any], size: int, step: int) -> int:
+    """The most input rows (or columns) one pass reads for ``step`` consecutive outputs."""
+    first = np.arange(0, size, step)
+    last = np.minimum(first + step, size) - 1
+    return int((xmin[last] + n[last] - xmin[first]).max())
 
 
 def _bg_fields(bg: Background | None) -> tuple[int, int, int, int, int]:
@@ -107,18 +137,31 @@ def _bg_fields(bg: Background | None) -> tuple[int, int, int, int, int]:
 
 
 @lru_cache(maxsize=128)
-def layout_of(jobs: tuple[ImageJob, ...], pillow: tuple[int, int] | None = None) -> Layout:
+def layout_of(
+    jobs: tuple[ImageJob, ...],
+    pillow: tuple[int, int] | None = None,
+    patch: int = 0,
+    tile_smem: int = TILE_SMEM_BYTES,
+) -> Layout:
     """Descriptor rows and coefficient tables for ``jobs`` (a tuple; cached by value).
 
     Pass planning follows Pillow: a pass whose size does not change is skipped; with two
-    passes the first writes the uint8 intermediate, in the installed (or given) Pillow's
+    passes the first makes the uint8 intermediate, in the installed (or given) Pillow's
     order; with one pass it reads the source directly; RGBA goes through premultiplied
     alpha only when something is resized (Pillow copies an unresized image).
+
+    With ``patch`` (the patch size of a fused launch) the canvases are cut into tiles of
+    whole patches; a two-pass image whose tile intermediate fits ``tile_smem`` bytes keeps
+    it in shared memory (TILED), the others (and every image of a resize-only launch,
+    ``patch=0``) get a global intermediate from pass 1.
     """
+    tile_h = max(1, TILE_PIXELS[0] // patch) if patch else 1
+    tile_w = max(1, TILE_PIXELS[1] // patch) if patch else 1
     desc = np.zeros((len(jobs), len(FIELDS)), np.int64)
     chunks: list[np.ndarray[Any, np.dtype[np.int32]]] = []
     table_at: dict[tuple[int, int], tuple[int, int, int, int]] = {}
     used = 0
+    tiles_of: list[int] = []
 
     def table(in_size: int, out_size: int) -> tuple[int, int, int, int]:
         nonlocal used
@@ -131,16 +174,31 @@ def layout_of(jobs: tuple[ImageJob, ...], pillow: tuple[int, int] | None = None)
         return table_at[key]
 
     src = mid = mid_rows = mid_width = patches = out = out_rows = out_width = 0
+    tiles = smem = 0
     src_offsets: list[int] = []
     out_offsets: list[int] = []
     for row, job in zip(desc, jobs):
         if job.ch not in (1, 3, 4) or min(job.in_w, job.in_h, job.out_w, job.out_h) < 1:
             raise ValueError(f"cannot plan {job}: sizes must be positive and ch 1, 3 or 4")
         need_h, need_v = job.out_w != job.in_w, job.out_h != job.in_h
+        grid_h = job.patches // max(job.grid_w, 1)
+        tiles_w, tiles_h = -(-job.grid_w // tile_w), -(-grid_h // tile_h)
+        tiled = 0
         if need_h and need_v:
             h_first = pass_order(job.in_w, job.in_h, job.out_w, job.out_h, pillow) == "h_first"
             p1, p2 = (_HORIZONTAL, _VERTICAL) if h_first else (_VERTICAL, _HORIZONTAL)
             mid_w, mid_h = (job.out_w, job.in_h) if h_first else (job.in_w, job.out_h)
+            if patch and job.patches:
+                rows, cols = min(tile_h * patch, job.out_h), min(tile_w * patch, job.out_w)
+                if h_first:
+                    c = bicubic_coefficients(job.in_h, job.out_h)
+                    rows = _tile_span(c.xmin, c.n, job.out_h, tile_h * patch)
+                else:
+                    c = bicubic_coefficients(job.in_w, job.out_w)
+                    cols = _tile_span(c.xmin, c.n, job.out_w, tile_w * patch)
+                need = 4 * rows * cols
+                if need <= tile_smem:
+                    tiled, smem, mid_w, mid_h = 1, max(smem, need), 0, 0
         else:
             p1, p2 = _NONE, (_HORIZONTAL if need_h else _VERTICAL if need_v else _NONE)
             mid_w = mid_h = 0
@@ -180,6 +238,10 @@ def layout_of(jobs: tuple[ImageJob, ...], pillow: tuple[int, int] | None = None)
             "OUT_OFF": out,
             "TABLE": job.table * 3 * 256,
             "ROW": patches if job.row is None else job.row,
+            "GRID_H": grid_h,
+            "TILE_START": tiles,
+            "TILES_W": max(tiles_w, 1),
+            "TILED": tiled,
         }
         for name, value in values.items():
             row[_F[name]] = value
@@ -193,12 +255,16 @@ def layout_of(jobs: tuple[ImageJob, ...], pillow: tuple[int, int] | None = None)
         out += job.out_w * job.out_h * job.ch
         out_rows += job.out_h
         out_width = max(out_width, job.out_w)
+        n_tiles = tiles_w * tiles_h if patch else 0
+        tiles_of.append(n_tiles)
+        tiles += n_tiles
     tables = np.concatenate(chunks).astype(np.int32) if chunks else np.zeros(1, np.int32)
     grids = np.array(
         [(1, j.patches // j.grid_w, j.grid_w) if j.patches else (0, 0, 0) for j in jobs],
         np.int64,
     ).reshape(len(jobs), 3)
-    for a in (desc, tables, grids):
+    tile_image = np.repeat(np.arange(len(jobs), dtype=np.int32), tiles_of)
+    for a in (desc, tables, grids, tile_image):
         a.setflags(write=False)
     return Layout(
         desc=desc,
@@ -214,4 +280,8 @@ def layout_of(jobs: tuple[ImageJob, ...], pillow: tuple[int, int] | None = None)
         out_bytes=out,
         out_rows=out_rows,
         out_width=out_width,
+        tile_image=tile_image,
+        tile_h=tile_h,
+        tile_w=tile_w,
+        smem_bytes=smem,
     )

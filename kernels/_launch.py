@@ -19,14 +19,14 @@ from mmwire.transport import BackendUnavailable
 __all__ = ["SOURCE", "CupyLauncher", "Launcher"]
 
 SOURCE = Path(__file__).with_name("pixels.cu")
-_FINISH = {32: "finish<unsigned int>", 16: "finish<unsigned short>"}
+_FUSED = {32: "fused<unsigned int>", 16: "fused<unsigned short>"}
 
 
 Dims = tuple[int, int]
 
 
 class Launcher(Protocol):
-    """Runs the three kernels of ``pixels.cu`` over flat buffers, on a 2-D grid of 2-D blocks."""
+    """Runs the kernels of ``pixels.cu`` over flat buffers, on a 2-D grid of 2-D blocks."""
 
     def pass1(
         self,
@@ -53,20 +53,23 @@ class Launcher(Protocol):
     ) -> None:
         """The last pass into uint8 HWC images (the resize alone)."""
 
-    def finish(
+    def fused(
         self,
         bits: int,
         grid: Dims,
         block: Dims,
+        smem: int,
         src: torch.Tensor,
         mid: torch.Tensor,
         desc: torch.Tensor,
         tab: torch.Tensor,
         table: torch.Tensor,
+        tiles: torch.Tensor,
         out: torch.Tensor,
-        n_images: int,
+        tile: Dims,
+        patch: int,
     ) -> None:
-        """The last pass fused with composite, pad, normalise and patchify."""
+        """Resize (or its last pass), composite, pad, normalise and patchify, per tile."""
 
 
 @cache
@@ -81,7 +84,7 @@ def _module(device_index: int) -> Any:
         module = cupy.RawModule(
             code=SOURCE.read_text(),
             options=("-std=c++17",),
-            name_expressions=tuple(_FINISH.values()),
+            name_expressions=tuple(_FUSED.values()),
         )
         module.compile()
     return module
@@ -120,11 +123,13 @@ class CupyLauncher:
         module = _module(self._index)
         self._functions = {
             name: module.get_function(name)
-            for name in ("resize_pass1", "resize_pass2", *_FINISH.values())
+            for name in ("resize_pass1", "resize_pass2", *_FUSED.values())
         }
         self._streams: dict[int, Any] = {}
 
-    def _launch(self, name: str, grid: Dims, block: Dims, args: tuple[Any, ...]) -> None:
+    def _launch(
+        self, name: str, grid: Dims, block: Dims, args: tuple[Any, ...], smem: int = 0
+    ) -> None:
         if grid[0] <= 0 or grid[1] <= 0:
             return
         for a in args:
@@ -137,7 +142,7 @@ class CupyLauncher:
         if stream is None:
             stream = self._streams[handle] = _cupy_stream(handle, self._index)
         with cupy.cuda.Device(self._index), stream:
-            self._functions[name](grid, block, tuple(_arg(a) for a in args))
+            self._functions[name](grid, block, tuple(_arg(a) for a in args), shared_mem=smem)
 
     def pass1(
         self,
@@ -164,22 +169,24 @@ class CupyLauncher:
     ) -> None:
         self._launch("resize_pass2", grid, block, (src, mid, desc, tab, dst, np.int32(n_images)))
 
-    def finish(
+    def fused(
         self,
         bits: int,
         grid: Dims,
         block: Dims,
+        smem: int,
         src: torch.Tensor,
         mid: torch.Tensor,
         desc: torch.Tensor,
         tab: torch.Tensor,
         table: torch.Tensor,
+        tiles: torch.Tensor,
         out: torch.Tensor,
-        n_images: int,
+        tile: Dims,
+        patch: int,
     ) -> None:
-        self._launch(
-            _FINISH[bits], grid, block, (src, mid, desc, tab, table, out, np.int32(n_images))
-        )
+        args = (src, mid, desc, tab, table, tiles, out, *map(np.int32, (*tile, patch)))
+        self._launch(_FUSED[bits], grid, block, args, smem)
 
 
 def _arg(a: Any) -> Any:

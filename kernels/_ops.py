@@ -2,7 +2,7 @@
 
 Images are uint8 ``(H, W, C)`` (C = 1, 3 or 4 = RGBA) or ``(H, W)`` CUDA tensors, or CuPy
 arrays (taken through ``__cuda_array_interface__``, no copy). The work of many images of
-different sizes is two launches on torch's current stream; results are torch tensors.
+different sizes is one or two launches on torch's current stream; results are torch tensors.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 from mmwire.materialize._pipeline import _table
 from mmwire.transport import PreprocessSpec
 
-from ._descriptors import ImageJob, Layout, layout_of
+from ._descriptors import TILE_SMEM_BYTES, ImageJob, Layout, layout_of
 from ._launch import CupyLauncher, Dims, Launcher
 
 __all__ = ["pack", "preprocess", "preprocess_packed", "resize", "resize_packed"]
@@ -78,6 +78,7 @@ def _uploaded(layout: Layout, device: torch.device) -> tuple[torch.Tensor, Any]:
             layout.desc.reshape(-1).view(np.uint8),
             layout.grids.reshape(-1).view(np.uint8),
             layout.tables.view(np.uint8),
+            layout.tile_image.view(np.uint8),
         ]
     )
     buf = torch.from_numpy(host)
@@ -91,16 +92,20 @@ def _uploaded(layout: Layout, device: torch.device) -> tuple[torch.Tensor, Any]:
 
 def _device_layout(
     layout: Layout, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(desc, tables, grids)`` views on ``device``, ordered before the current stream's work."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(desc, tables, grids, tile_image)`` views on ``device``, ordered before the current
+    stream's work."""
     buf, done = _uploaded(layout, device)
     if done is not None:
         torch.cuda.current_stream(device).wait_event(done)  # on the GPU; no host wait
-    n_desc, n_grid = layout.desc.nbytes, layout.grids.nbytes
-    desc = buf[:n_desc].view(torch.int64)
-    grids = buf[n_desc : n_desc + n_grid].view(torch.int64).view(-1, 3)
-    tab = buf[n_desc + n_grid :].view(torch.int32)
-    return desc, tab, grids
+    ends = np.cumsum(
+        [layout.desc.nbytes, layout.grids.nbytes, layout.tables.nbytes, layout.tile_image.nbytes]
+    )
+    desc = buf[: ends[0]].view(torch.int64)
+    grids = buf[ends[0] : ends[1]].view(torch.int64).view(-1, 3)
+    tab = buf[ends[1] : ends[2]].view(torch.int32)
+    tiles = buf[ends[2] : ends[3]].view(torch.int32)
+    return desc, tab, grids, tiles
 
 
 @lru_cache(maxsize=16)
@@ -173,32 +178,36 @@ def preprocess_packed(
                 row=None if rows is None else rows[i],
             )
         )
-    layout = layout_of(tuple(jobs), pillow)
+    layout = layout_of(tuple(jobs), pillow, p, TILE_SMEM_BYTES)
     _check_source(src, layout)
     device = src.device
-    if layout.patches > _MAX_GRID_X or p * p > 1024:
+    if layout.tiles > _MAX_GRID_X or p * p > 1024:
         raise ValueError(f"{layout.patches} patches of {p}x{p} do not fit one launch")
     if out is None:
         out = torch.empty((layout.patches, 3, p, p), dtype=dtype, device=device)
     else:
         _check_out(out, jobs, p, dtype, device)  # everything is checked before any launch
     run = _launcher_for(device, launcher)
-    desc, tab, grids = _device_layout(layout, device)
+    desc, tab, grids, tiles = _device_layout(layout, device)
     table = _device_tables(tuple(stats), dtype, device)
     mid = torch.empty(max(layout.mid_bytes, 1), dtype=torch.uint8, device=device)
+    # pass 1 only for two-pass images whose tiles do not keep the intermediate on chip
     run.pass1(*_row_grid(layout.mid_rows, layout.mid_width), src, mid, desc, tab, len(jobs))
     bits = _BITS[dtype]
-    run.finish(
+    run.fused(
         bits,
-        (layout.patches, 1),
+        (layout.tiles, 1),
         (p, p),
+        layout.smem_bytes,
         src,
         mid,
         desc,
         tab,
         table,
+        tiles,
         out.view(_STORAGE[bits]),
-        len(jobs),
+        (layout.tile_h, layout.tile_w),
+        p,
     )
     return out, grids.clone()  # callers own their grid_thw
 
@@ -242,7 +251,7 @@ def resize_packed(
     _check_source(src, layout)
     device = src.device
     run = _launcher_for(device, launcher)
-    desc, tab, _ = _device_layout(layout, device)
+    desc, tab, _, _ = _device_layout(layout, device)
     mid = torch.empty(max(layout.mid_bytes, 1), dtype=torch.uint8, device=device)
     dst = torch.empty(max(layout.out_bytes, 1), dtype=torch.uint8, device=device)
     run.pass1(*_row_grid(layout.mid_rows, layout.mid_width), src, mid, desc, tab, len(jobs))

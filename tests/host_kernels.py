@@ -25,7 +25,8 @@ def build(out_dir: Path) -> Path:
         [
             cxx,
             "-O2",
-            "-std=c++17",
+            "-std=c++20",
+            "-pthread",
             "-ffp-contract=off",
             "-Wall",
             "-Wno-unknown-pragmas",
@@ -56,8 +57,10 @@ def _dims(d: tuple[int, int]) -> ctypes.Array[ctypes.c_uint]:
 class HostLauncher:
     """A ``mmwire.kernels.Launcher`` that runs the C++ build on CPU tensors."""
 
-    def __init__(self, lib: Path) -> None:
+    def __init__(self, lib: Path, block: tuple[int, int] = (5, 3)) -> None:
         self._lib = ctypes.CDLL(str(lib))
+        self.block = block
+        """The fused kernel's threads per block here (whatever the caller asks)."""
 
     def pass1(
         self,
@@ -95,28 +98,35 @@ class HostLauncher:
             ctypes.c_int(n_images),
         )
 
-    def finish(
+    def fused(
         self,
         bits: int,
         grid: tuple[int, int],
         block: tuple[int, int],
+        smem: int,
         src: torch.Tensor,
         mid: torch.Tensor,
         desc: torch.Tensor,
         tab: torch.Tensor,
         table: torch.Tensor,
+        tiles: torch.Tensor,
         out: torch.Tensor,
-        n_images: int,
+        tile: tuple[int, int],
+        patch: int,
     ) -> None:
-        fn = self._lib.host_finish_u32 if bits == 32 else self._lib.host_finish_u16
+        # the block's threads are real threads here: a few, in a shape that does not divide
+        # the patch, so every block-stride loop wraps (the GPU runs (p, p))
+        assert smem <= 48 * 1024, smem  # the shim's arena
+        fn = self._lib.host_fused_u32 if bits == 32 else self._lib.host_fused_u16
         fn(
             _dims(grid),
-            _dims(block),
+            _dims(self.block),
             _p(src),
             _p(mid),
             _p(desc),
             _p(tab),
             _p(table),
+            _p(tiles),
             _p(out),
-            ctypes.c_int(n_images),
+            *map(ctypes.c_int, (*tile, patch)),
         )

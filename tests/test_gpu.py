@@ -93,6 +93,55 @@ def test_cuda_seed_case_4x1536x1024(rng: np.random.Generator, resizing: bool, dt
     assert differing(got_pv, want_pv) == 0
 
 
+@pytest.mark.parametrize("name", CASES)
+def test_cuda_kernels_through_the_global_intermediate_equal_the_cpu_path(
+    rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    from kernel_cases import case, differing, kernels, reference
+    from mmwire.kernels import _ops
+
+    monkeypatch.setattr(_ops, "TILE_SMEM_BYTES", 0)  # no tile keeps its intermediate on chip
+    items = case(name, rng)
+    want_pv, want_grid = reference(items, torch.float16)
+    got_pv, got_grid = kernels(items, torch.float16, "cuda")
+    assert torch.equal(got_grid.cpu(), want_grid)
+    assert differing(got_pv, want_pv) == 0
+
+
+def test_cuda_kernels_on_large_downscales_and_mixed_orders(rng: np.random.Generator) -> None:
+    # one launch: 4000x3000 shrunk ~2x and ~5.5x (its tile intermediate is too big for
+    # shared memory, so it takes pass 1), 3000x4000 ~5.5x RGBA by the 2048-patch limit
+    # (just fits), 6000x300 ~6x (wide tiles), 200x9000 vertical first, and 640x480 as is
+    from kernel_cases import differing, kernels, reference
+    from mmwire.kernels import ImageJob, layout_of
+    from mmwire.materialize import ProcessorConfig
+
+    default, small = ProcessorConfig(), ProcessorConfig(in_patch_limit=1024)
+    big = ProcessorConfig(in_patch_limit=2048)
+    shapes = (
+        ((3000, 4000, 3), default),
+        ((3000, 4000, 3), small),
+        ((4000, 3000, 4), big),
+        ((300, 6000, 3), small),
+        ((9000, 200, 1), default),
+        ((480, 640, 3), default),
+    )
+    items = [(rng.integers(0, 256, s, dtype=np.uint8), cfg) for s, cfg in shapes]
+    jobs = []
+    for im, cfg in items:
+        plan = cfg.spec_for(im.shape[1], im.shape[0]).plan
+        h, w, c = im.shape
+        jobs.append(
+            ImageJob(w, h, c, plan.new_width, plan.new_height, None, plan.grid.w, plan.grid.patches)
+        )
+    tiled = layout_of(tuple(jobs), None, 14).desc[:, -1].tolist()
+    assert tiled == [1, 0, 1, 1, 1, 0]  # both ways of keeping the intermediate are used
+    want_pv, want_grid = reference(items, torch.bfloat16)
+    got_pv, got_grid = kernels(items, torch.bfloat16, "cuda")
+    assert torch.equal(got_grid.cpu(), want_grid)
+    assert differing(got_pv, want_pv) == 0
+
+
 @pytest.mark.parametrize(
     ("shape", "size"),
     [

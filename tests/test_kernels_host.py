@@ -19,12 +19,13 @@ from mmwire.kernels import (
     FIELDS,
     SOURCE,
     ImageJob,
+    _ops,
     layout_of,
     pack,
     preprocess_packed,
     resize_packed,
 )
-from mmwire.materialize import resize_reference
+from mmwire.materialize import bicubic_coefficients, resize_reference
 from PIL import Image
 
 
@@ -77,6 +78,30 @@ def test_layout_shares_tables_and_offsets_accumulate() -> None:
     assert layout.mid_rows == 80 and layout.mid_width == 25 and layout.out_rows == 40
 
 
+def test_layout_tiles_canvases_and_keeps_small_intermediates_on_chip() -> None:
+    # 14-pixel patches: tiles of 2 x 4 patches (28 x 56 pixels)
+    down = ImageJob(in_w=300, in_h=200, ch=3, out_w=280, out_h=168, patches=240, grid_w=20)
+    same = ImageJob(in_w=56, in_h=28, ch=3, out_w=56, out_h=28, patches=8, grid_w=4)
+    layout = layout_of((down, same), (13, 0), 14)
+    first, second = (dict(zip(FIELDS, row)) for row in layout.desc)
+    assert (layout.tile_h, layout.tile_w) == (2, 4)
+    assert (first["GRID_H"], first["TILES_W"], first["TILE_START"]) == (12, 5, 0)
+    assert second["TILE_START"] == 30 and layout.tiles == 31
+    assert layout.tile_image.tolist() == [0] * 30 + [1]
+    assert (first["TILED"], second["TILED"]) == (1, 0) and layout.mid_bytes == 0
+    # horizontal first: 56 columns of the rows that 28 output rows read (with their halo)
+    c = bicubic_coefficients(200, 168)
+    rows = max(
+        int(c.xmin[min(y + 28, 168) - 1] + c.n[min(y + 28, 168) - 1] - c.xmin[y])
+        for y in range(0, 168, 28)
+    )
+    assert layout.smem_bytes == 4 * rows * 56
+    spilled = layout_of((down, same), (13, 0), 14, layout.smem_bytes - 1)
+    assert dict(zip(FIELDS, spilled.desc[0]))["TILED"] == 0 and spilled.smem_bytes == 0
+    assert spilled.mid_bytes == 280 * 200 * 3  # pass 1 writes the global intermediate
+    assert layout_of((down,), (13, 0)).tiles == 0  # resize-only launches have no tiles
+
+
 def test_layout_rejects_impossible_jobs() -> None:
     with pytest.raises(ValueError, match="ch 1, 3 or 4"):
         layout_of((ImageJob(in_w=4, in_h=4, ch=2, out_w=2, out_h=2),))
@@ -92,6 +117,34 @@ def test_host_kernels_equal_the_cpu_path(
     items = case(name, rng)
     want_pv, want_grid = reference(items, dtype)
     got_pv, got_grid = kernels(items, dtype, "cpu", host)
+    assert torch.equal(got_grid, want_grid)
+    assert differing(got_pv, want_pv) == 0
+
+
+@pytest.mark.parametrize("block", [(1, 1), (14, 14), (32, 1), (3, 11)])
+@pytest.mark.parametrize("name", ["rgb_distinct", "pass_order_flip", "mixed_configs"])
+def test_host_fused_kernel_gives_the_same_bytes_for_any_block_shape(
+    host: HostLauncher, rng: np.random.Generator, name: str, block: tuple[int, int]
+) -> None:
+    items = case(name, rng)
+    want_pv, _ = reference(items, torch.float32)
+    host.block = block
+    try:
+        got_pv, _ = kernels(items, torch.float32, "cpu", host)
+    finally:
+        host.block = (5, 3)
+    assert differing(got_pv, want_pv) == 0
+
+
+@pytest.mark.parametrize("name", ["rgb_distinct", "rgba_chessboard", "pass_order_flip"])
+def test_host_kernels_through_the_global_intermediate_equal_the_cpu_path(
+    host: HostLauncher, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    # no tile fits in 0 bytes: every two-pass image takes pass 1 and the global intermediate
+    monkeypatch.setattr(_ops, "TILE_SMEM_BYTES", 0)
+    items = case(name, rng)
+    want_pv, want_grid = reference(items, torch.bfloat16)
+    got_pv, got_grid = kernels(items, torch.bfloat16, "cpu", host)
     assert torch.equal(got_grid, want_grid)
     assert differing(got_pv, want_pv) == 0
 

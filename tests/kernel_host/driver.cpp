@@ -1,5 +1,9 @@
 // The host build of kernels/pixels.cu (see shim.h), with C entry points for ctypes that
-// run a whole launch: every block of the grid, every thread of the block, in order.
+// run a whole launch: every block of the grid in order; the threads of a block in order,
+// or (for the kernel with barriers) as real threads.
+#include <thread>
+#include <vector>
+
 #include "shim.h"
 #include PIXELS_CU
 
@@ -17,6 +21,30 @@ static void run(const unsigned grid[2], const unsigned block[2], F kernel) {
         }
 }
 
+// Every block in turn; its threads run at once and meet at __syncthreads.
+template <typename F>
+static void run_threads(const unsigned grid[2], const unsigned block[2], F kernel) {
+  gridDim = {grid[0], grid[1], 1};
+  blockDim = {block[0], block[1], 1};
+  const unsigned n = block[0] * block[1];
+  if (n == 0 || n > 1024) return;  // the Python side checks the shape
+  std::barrier<> barrier(n);
+  mmwire_block_barrier = &barrier;
+  for (unsigned bx = 0; bx < grid[0]; ++bx)
+    for (unsigned by = 0; by < grid[1]; ++by) {
+      blockIdx = {bx, by, 0};
+      std::vector<std::thread> threads;
+      for (unsigned ty = 0; ty < block[1]; ++ty)
+        for (unsigned tx = 0; tx < block[0]; ++tx)
+          threads.emplace_back([&, tx, ty] {
+            threadIdx = {tx, ty, 0};
+            kernel();
+          });
+      for (auto& t : threads) t.join();
+    }
+  mmwire_block_barrier = nullptr;
+}
+
 extern "C" void host_pass1(const unsigned* grid, const unsigned* block, const u8* src, u8* mid,
                            const i64* desc, const int* tab, int n) {
   run(grid, block, [&] { resize_pass1(src, mid, desc, tab, n); });
@@ -27,14 +55,18 @@ extern "C" void host_pass2(const unsigned* grid, const unsigned* block, const u8
   run(grid, block, [&] { resize_pass2(src, mid, desc, tab, dst, n); });
 }
 
-extern "C" void host_finish_u32(const unsigned* grid, const unsigned* block, const u8* src,
-                                const u8* mid, const i64* desc, const int* tab,
-                                const unsigned int* table, unsigned int* out, int n) {
-  run(grid, block, [&] { finish<unsigned int>(src, mid, desc, tab, table, out, n); });
+extern "C" void host_fused_u32(const unsigned* grid, const unsigned* block, const u8* src,
+                               const u8* mid, const i64* desc, const int* tab,
+                               const unsigned int* table, const int* tiles, unsigned int* out,
+                               int tph, int tpw, int p) {
+  run_threads(grid, block,
+              [&] { fused<unsigned int>(src, mid, desc, tab, table, tiles, out, tph, tpw, p); });
 }
 
-extern "C" void host_finish_u16(const unsigned* grid, const unsigned* block, const u8* src,
-                                const u8* mid, const i64* desc, const int* tab,
-                                const unsigned short* table, unsigned short* out, int n) {
-  run(grid, block, [&] { finish<unsigned short>(src, mid, desc, tab, table, out, n); });
+extern "C" void host_fused_u16(const unsigned* grid, const unsigned* block, const u8* src,
+                               const u8* mid, const i64* desc, const int* tab,
+                               const unsigned short* table, const int* tiles, unsigned short* out,
+                               int tph, int tpw, int p) {
+  run_threads(grid, block,
+              [&] { fused<unsigned short>(src, mid, desc, tab, table, tiles, out, tph, tpw, p); });
 }

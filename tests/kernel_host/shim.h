@@ -1,19 +1,33 @@
 // Lets kernels/pixels.cu compile as plain C++ so CI can run the kernels' own code on the
-// CPU: driver.cpp runs every (block, thread) of a launch in turn, setting the built-in
-// index variables below. Float operations are IEEE single precision (the build uses
-// -ffp-contract=off), like the *_rn intrinsics.
+// CPU. driver.cpp runs the blocks of a launch in turn; the threads of one block run either
+// in turn (kernels without barriers) or as real threads meeting at a std::barrier for
+// __syncthreads, with __shared__ variables shared between them as on the GPU. Float
+// operations are IEEE single precision (the build uses -ffp-contract=off), like the *_rn
+// intrinsics.
 #pragma once
 #include <algorithm>
+#include <barrier>
 #include <cmath>
 
+#define MMWIRE_HOST_SHIM 1
 #define __global__
 #define __device__
 #define __forceinline__ inline
 #define __restrict__ __restrict
+#define __shared__ static  // one block at a time, so one copy serves the block's threads
 
 struct mmwire_dim { unsigned x, y, z; };
-static mmwire_dim blockIdx = {0, 0, 0}, threadIdx = {0, 0, 0};
-static mmwire_dim blockDim = {1, 1, 1}, gridDim = {1, 1, 1};
+static mmwire_dim blockIdx = {0, 0, 0}, blockDim = {1, 1, 1}, gridDim = {1, 1, 1};
+static thread_local mmwire_dim threadIdx = {0, 0, 0};
+
+static std::barrier<>* mmwire_block_barrier = nullptr;
+static inline void __syncthreads() {
+  if (mmwire_block_barrier != nullptr) mmwire_block_barrier->arrive_and_wait();
+}
+
+// Dynamic shared memory: a fixed arena (the launches ask for at most 48 KiB).
+static unsigned mmwire_dynamic_smem[48 * 1024 / sizeof(unsigned)];
+static inline unsigned* dynamic_smem() { return mmwire_dynamic_smem; }
 
 using std::max;
 using std::min;
