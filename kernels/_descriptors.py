@@ -53,6 +53,8 @@ FIELDS: tuple[str, ...] = (
     "TILE_START",
     "TILES_W",
     "TILED",
+    "TILE_PH",
+    "TILE_PW",
 )
 _F = {name: i for i, name in enumerate(FIELDS)}
 _NONE, _HORIZONTAL, _VERTICAL = 0, 1, 2
@@ -60,11 +62,11 @@ _SOLID = {"white": 255, "gray": 128, "black": 0}
 
 TILE_PIXELS = (32, 64)
 """About how many canvas rows and columns one block of the fused launch covers: a whole
-number of patches, at least one."""
+number of patches, at least one (an image whose window would not fit takes smaller tiles)."""
 TILE_SMEM_BYTES = 40 * 1024
-"""The largest intermediate one tile may keep in shared memory (4 bytes a pixel); an image
-needing more goes through the global intermediate. With the block's own 3.3 KiB this stays
-under the 48 KiB a launch gets without opting in."""
+"""The most shared memory one tile's source window and intermediate may take (4 bytes a
+pixel); an image needing more even with one-patch tiles reads global memory instead. With
+the block's own 3.3 KiB this stays under the 48 KiB a launch gets without opting in."""
 
 
 @dataclass(frozen=True)
@@ -110,22 +112,46 @@ class Layout:
     out_width: int
     tile_image: np.ndarray[Any, np.dtype[np.int32]]
     """The image of each tile of the fused launch (tiles of one image are consecutive)."""
-    tile_h: int
-    tile_w: int
-    """Patches per tile, down and across."""
     smem_bytes: int
-    """Dynamic shared memory of the fused launch: the largest TILED intermediate."""
+    """Dynamic shared memory of the fused launch: the largest TILED window + intermediate."""
 
     @property
     def tiles(self) -> int:
         return int(self.tile_image.size)
 
 
-def _tile_span(xmin: np.ndarray[Any, Any], n: np.ndarray[Any, Any], size: int, step: int) -> int:
+def _spans(c: Any, size: int, step: int) -> int:
     """The most input rows (or columns) one pass reads for ``step`` consecutive outputs."""
     first = np.arange(0, size, step)
     last = np.minimum(first + step, size) - 1
-    return int((xmin[last] + n[last] - xmin[first]).max())
+    return int((c.xmin[last] + c.n[last] - c.xmin[first]).max())
+
+
+def _tile_bytes(job: ImageJob, passes: tuple[int, int], tile: tuple[int, int], patch: int) -> int:
+    """Shared memory of the largest tile of ``job``: its source window and intermediate."""
+    rows, cols = min(tile[0] * patch, job.out_h), min(tile[1] * patch, job.out_w)
+    win_rows = win_cols = 0
+    if _VERTICAL in passes:
+        win_rows = _spans(bicubic_coefficients(job.in_h, job.out_h), job.out_h, rows)
+    if _HORIZONTAL in passes:
+        win_cols = _spans(bicubic_coefficients(job.in_w, job.out_w), job.out_w, cols)
+    window = (win_rows or rows) * (win_cols or cols)
+    inter = {_HORIZONTAL: win_rows * cols, _VERTICAL: rows * win_cols}.get(passes[0], 0)
+    return 4 * (window + inter)
+
+
+def _tile_for(
+    job: ImageJob, passes: tuple[int, int], patch: int, budget: int
+) -> tuple[int, int, int] | None:
+    """The largest tile (patches down, across) whose shared memory fits, and its bytes."""
+    th, tw = max(1, TILE_PIXELS[0] // patch), max(1, TILE_PIXELS[1] // patch)
+    for tile in dict.fromkeys(
+        [(th, tw), (max(1, th // 2), tw), (max(1, th // 2), max(1, tw // 2)), (1, 1)]
+    ):
+        need = _tile_bytes(job, passes, tile, patch)
+        if need <= budget:
+            return (*tile, need)
+    return None
 
 
 def _bg_fields(bg: Background | None) -> tuple[int, int, int, int, int]:
@@ -151,12 +177,11 @@ def layout_of(
     alpha only when something is resized (Pillow copies an unresized image).
 
     With ``patch`` (the patch size of a fused launch) the canvases are cut into tiles of
-    whole patches; a two-pass image whose tile intermediate fits ``tile_smem`` bytes keeps
-    it in shared memory (TILED), the others (and every image of a resize-only launch,
-    ``patch=0``) get a global intermediate from pass 1.
+    whole patches; an image whose tile window and intermediate fit ``tile_smem`` bytes works
+    in shared memory (TILED); the others read global memory, with a global intermediate
+    from pass 1 when they need two passes (as every image of a resize-only launch,
+    ``patch=0``).
     """
-    tile_h = max(1, TILE_PIXELS[0] // patch) if patch else 1
-    tile_w = max(1, TILE_PIXELS[1] // patch) if patch else 1
     desc = np.zeros((len(jobs), len(FIELDS)), np.int64)
     chunks: list[np.ndarray[Any, np.dtype[np.int32]]] = []
     table_at: dict[tuple[int, int], tuple[int, int, int, int]] = {}
@@ -182,26 +207,18 @@ def layout_of(
             raise ValueError(f"cannot plan {job}: sizes must be positive and ch 1, 3 or 4")
         need_h, need_v = job.out_w != job.in_w, job.out_h != job.in_h
         grid_h = job.patches // max(job.grid_w, 1)
-        tiles_w, tiles_h = -(-job.grid_w // tile_w), -(-grid_h // tile_h)
-        tiled = 0
         if need_h and need_v:
             h_first = pass_order(job.in_w, job.in_h, job.out_w, job.out_h, pillow) == "h_first"
             p1, p2 = (_HORIZONTAL, _VERTICAL) if h_first else (_VERTICAL, _HORIZONTAL)
-            mid_w, mid_h = (job.out_w, job.in_h) if h_first else (job.in_w, job.out_h)
-            if patch and job.patches:
-                rows, cols = min(tile_h * patch, job.out_h), min(tile_w * patch, job.out_w)
-                if h_first:
-                    c = bicubic_coefficients(job.in_h, job.out_h)
-                    rows = _tile_span(c.xmin, c.n, job.out_h, tile_h * patch)
-                else:
-                    c = bicubic_coefficients(job.in_w, job.out_w)
-                    cols = _tile_span(c.xmin, c.n, job.out_w, tile_w * patch)
-                need = 4 * rows * cols
-                if need <= tile_smem:
-                    tiled, smem, mid_w, mid_h = 1, max(smem, need), 0, 0
         else:
             p1, p2 = _NONE, (_HORIZONTAL if need_h else _VERTICAL if need_v else _NONE)
-            mid_w = mid_h = 0
+        fit = _tile_for(job, (p1, p2), patch, tile_smem) if patch and job.patches else None
+        tile_h, tile_w, need = fit if fit is not None else (1, 1, 0)
+        smem = max(smem, need)
+        tiles_w, tiles_h = -(-job.grid_w // tile_w), -(-grid_h // tile_h)
+        mid_w, mid_h = 0, 0
+        if p1 != _NONE and fit is None:
+            mid_w, mid_h = (job.out_w, job.in_h) if p1 == _HORIZONTAL else (job.in_w, job.out_h)
         x = table(job.in_w, job.out_w) if need_h else (0, 0, 0, 0)
         y = table(job.in_h, job.out_h) if need_v else (0, 0, 0, 0)
         bg, square, tlw, white, gray = _bg_fields(job.background)
@@ -241,7 +258,9 @@ def layout_of(
             "GRID_H": grid_h,
             "TILE_START": tiles,
             "TILES_W": max(tiles_w, 1),
-            "TILED": tiled,
+            "TILED": int(fit is not None),
+            "TILE_PH": tile_h,
+            "TILE_PW": tile_w,
         }
         for name, value in values.items():
             row[_F[name]] = value
@@ -281,7 +300,5 @@ def layout_of(
         out_rows=out_rows,
         out_width=out_width,
         tile_image=tile_image,
-        tile_h=tile_h,
-        tile_w=tile_w,
         smem_bytes=smem,
     )

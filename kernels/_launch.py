@@ -66,7 +66,6 @@ class Launcher(Protocol):
         table: torch.Tensor,
         tiles: torch.Tensor,
         out: torch.Tensor,
-        tile: Dims,
         patch: int,
     ) -> None:
         """Resize (or its last pass), composite, pad, normalise and patchify, per tile."""
@@ -182,10 +181,9 @@ class CupyLauncher:
         table: torch.Tensor,
         tiles: torch.Tensor,
         out: torch.Tensor,
-        tile: Dims,
         patch: int,
     ) -> None:
-        args = (src, mid, desc, tab, table, tiles, out, *map(np.int32, (*tile, patch)))
+        args = (src, mid, desc, tab, table, tiles, out, np.int32(patch))
         self._launch(_FUSED[bits], grid, block, args, smem)
 
 

@@ -17,12 +17,14 @@
 //     images of the launch) and blockIdx.y * blockDim.x + threadIdx.x across it; a block
 //     finds its image by binary search on a running start field.
 //   * fused runs one block per output tile (a few patches) and reads its image from a
-//     per-tile table. With two passes the tile's uint8 intermediate (its halo included)
-//     lives in shared memory, so the whole pipeline is one launch and the intermediate
-//     never reaches global memory; an image whose tile would not fit goes through the
-//     global intermediate of resize_pass1 instead (TILED = 0). Its loops stride by the
-//     block's shape, so any block shape gives the same bytes (the host build runs it with
-//     a few threads per block).
+//     per-tile table. The block copies the tile's source window (the resize taps' halo
+//     included) into shared memory with coalesced loads, runs the first of two passes
+//     there into a shared intermediate, and the last pass, composite, normalise and
+//     patchify from it: the whole pipeline is one launch and the intermediate never
+//     reaches global memory. An image whose tile would not fit (TILED = 0) reads global
+//     memory instead: its source, or for two passes the intermediate of resize_pass1.
+//     Its loops stride by the block's size, so any block shape gives the same bytes (the
+//     host build runs it with a few threads per block).
 
 enum Field {
   SRC_OFF = 0,        // byte offset of the image (uint8 HWC) in the source buffer
@@ -60,8 +62,10 @@ enum Field {
   GRID_H = 32,        // patch rows of the canvas
   TILE_START = 33,    // first tile of this image among all tiles of the fused launch
   TILES_W = 34,       // tiles per canvas row
-  TILED = 35,         // 1: two passes with the intermediate in shared memory (fused launch)
-  NF = 36
+  TILED = 35,         // 1: the tile's source window (and intermediate) in shared memory
+  TILE_PH = 36,       // patches per tile, down and across (fused launch)
+  TILE_PW = 37,
+  NF = 38
 };
 
 typedef long long i64;
@@ -252,7 +256,7 @@ __device__ __forceinline__ void to_rgb(const i64* __restrict__ d, int y, int x, 
   }
 }
 
-// Channels of one pixel packed into a word (byte c = channel c), the intermediate's format.
+// Channels of one pixel packed into a word (byte c = channel c), the shared memory format.
 template <int CH>
 __device__ __forceinline__ unsigned pack_px(const int v[4]) {
   unsigned u = 0;
@@ -261,7 +265,13 @@ __device__ __forceinline__ unsigned pack_px(const int v[4]) {
   return u;
 }
 
-// One output sample of the last pass over packed words: n taps at m[t * step].
+template <int CH>
+__device__ __forceinline__ void unpack_px(unsigned u, int v[4]) {
+#pragma unroll
+  for (int c = 0; c < 4; ++c) v[c] = c < CH ? (int)((u >> (8 * c)) & 255u) : 0;
+}
+
+// One output sample of a pass over packed words: n taps at m[t * step].
 template <int CH>
 __device__ __forceinline__ void packed_pass(const unsigned* m, int step,
                                             const int* __restrict__ k, int n, int out[4]) {
@@ -276,6 +286,21 @@ __device__ __forceinline__ void packed_pass(const unsigned* m, int step,
   for (int c = 0; c < 4; ++c) out[c] = min(max(acc[c] >> 22, 0), 255);
 }
 
+// q = i / n and r = i % n for 0 <= i < 2^22 and n >= 1 through a float reciprocal
+// (inv = 1.0f / n) and one correction: exact, and cheaper than an integer division.
+__device__ __forceinline__ int div_small(int i, int n, float inv, int& r) {
+  int q = (int)((float)i * inv);
+  r = i - q * n;
+  if (r < 0) {
+    --q;
+    r += n;
+  } else if (r >= n) {
+    ++q;
+    r -= n;
+  }
+  return q;
+}
+
 #ifndef MMWIRE_HOST_SHIM
 __device__ __forceinline__ unsigned* dynamic_smem() {
   extern __shared__ unsigned mmwire_smem[];
@@ -283,96 +308,158 @@ __device__ __forceinline__ unsigned* dynamic_smem() {
 }
 #endif
 
+// Where pixel j (in output order) of a tile of nph x npw patches lands: canvas (y, x), and
+// its patch's first output element.
+struct TilePixel {
+  int y, x, e;  // e: the element within the patch's (p, p) plane
+  i64 patch;    // output row of the patch
+};
+
+__device__ __forceinline__ TilePixel tile_pixel(const i64* d, int j, int gy0, int gx0, int npw,
+                                                int p, float inv_pp, float inv_p,
+                                                float inv_npw) {
+  TilePixel t;
+  int kx, px;
+  const int k = div_small(j, p * p, inv_pp, t.e);
+  const int py = div_small(t.e, p, inv_p, px);
+  const int gy = gy0 + div_small(k, npw, inv_npw, kx), gx = gx0 + kx;
+  t.y = gy * p + py;
+  t.x = gx * p + px;
+  t.patch = d[ROW] + (i64)gy * d[GRID_W] + gx;
+  return t;
+}
+
+template <typename T>
+__device__ __forceinline__ void store_rgb(T* __restrict__ out, const T* tb, const TilePixel& t,
+                                          int pp, const int rgb[3]) {
+  T* o = out + t.patch * 3 * pp + t.e;
+  o[0] = tb[rgb[0]];
+  o[pp] = tb[256 + rgb[1]];
+  o[2 * pp] = tb[512 + rgb[2]];
+}
+
 // One tile of one image: patches (gy0 .. gy0 + nph) x (gx0 .. gx0 + npw) of its canvas.
-// ms: the dynamic shared memory, which holds the tile's packed intermediate when TILED.
+// sm: the dynamic shared memory, for the tile's window and intermediate when TILED.
 template <int CH, typename T>
 __device__ __forceinline__ void fused_tile(const u8* __restrict__ src, const u8* __restrict__ mid,
                                            const i64* d, const int* __restrict__ tab,
-                                           const T* tb, T* __restrict__ out, int tile, int tph,
-                                           int tpw, int p, unsigned* ms) {
-  const int tiles_w = (int)d[TILES_W], gw = (int)d[GRID_W], gh = (int)d[GRID_H];
+                                           const T* tb, T* __restrict__ out, int tile, int p,
+                                           unsigned* sm) {
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+  const int nt = blockDim.x * blockDim.y;
+  const int tiles_w = (int)d[TILES_W], tph = (int)d[TILE_PH], tpw = (int)d[TILE_PW];
   const int ty = tile / tiles_w;  // once per block
   const int gy0 = ty * tph, gx0 = (tile - ty * tiles_w) * tpw;
-  const int nph = min(tph, gh - gy0), npw = min(tpw, gw - gx0);
+  const int nph = min(tph, (int)d[GRID_H] - gy0), npw = min(tpw, (int)d[GRID_W] - gx0);
   const int out_h = (int)d[OUT_H], out_w = (int)d[OUT_W];
   const int y0 = gy0 * p, x0 = gx0 * p;
   const int vy1 = min(y0 + nph * p, out_h), vx1 = min(x0 + npw * p, out_w);
   const bool tiled = d[TILED] != 0 && vy1 > y0 && vx1 > x0;
-  const bool h_first = d[PASS1] == 1;
-  int m0 = 0, mw = 1;  // the intermediate's first input row (h_first) or column, its width
+  const int p1 = (int)d[PASS1], p2 = (int)d[PASS2];
+  // the final pass's source: fb, a (rows, fw) array of packed pixels whose (0, 0) is the
+  // canvas-or-input coordinate (oy, ox) of the axis the final pass reads
+  const unsigned* fb = sm;
+  int oy = y0, ox = x0, fw = 1;
   if (tiled) {
-    const u8* s = src + d[SRC_OFF];
+    int wy0 = y0, wh = vy1 - y0, wx0 = x0, ww = vx1 - x0;  // the source window
+    if (p1 == 2 || p2 == 2) {
+      wy0 = tab[d[Y_XMIN] + y0];
+      wh = tab[d[Y_XMIN] + vy1 - 1] + tab[d[Y_N] + vy1 - 1] - wy0;
+    }
+    if (p1 == 1 || p2 == 1) {
+      wx0 = tab[d[X_XMIN] + x0];
+      ww = tab[d[X_XMIN] + vx1 - 1] + tab[d[X_N] + vx1 - 1] - wx0;
+    }
     const i64 row = d[IN_W] * CH;
+    const u8* s = src + d[SRC_OFF] + (i64)wy0 * row + (i64)wx0 * CH;
     const bool premul = d[PREMUL] != 0;
+    const float inv_ww = 1.0f / (float)ww;
     int v[4];
-    if (h_first) {  // input rows m0.. through the horizontal pass, at output columns x0..vx1
-      m0 = tab[d[Y_XMIN] + y0];
-      const int rows = tab[d[Y_XMIN] + vy1 - 1] + tab[d[Y_N] + vy1 - 1] - m0;
-      mw = vx1 - x0;
-      for (int r = threadIdx.y; r < rows; r += blockDim.y) {
-        for (int c = threadIdx.x; c < mw; c += blockDim.x) {
+#pragma unroll 4
+    for (int i = tid; i < wh * ww; i += nt) {
+      int c;
+      const int r = div_small(i, ww, inv_ww, c);
+      load_px<CH>(s + r * row + c * CH, premul, v);
+      sm[i] = pack_px<CH>(v);
+    }
+    oy = wy0;
+    ox = wx0;
+    fw = ww;
+    if (p1 != 0) {
+      __syncthreads();  // the window is in place
+      unsigned* ms = sm + wh * ww;
+      if (p1 == 1) {  // the window's rows through the horizontal pass, output columns x0..vx1
+        const int mw = vx1 - x0;
+        const float inv_mw = 1.0f / (float)mw;
+        for (int i = tid; i < wh * mw; i += nt) {
+          int c;
+          const int r = div_small(i, mw, inv_mw, c);
           const int x = x0 + c;
-          pass_px<CH>(s + (i64)(m0 + r) * row, CH, premul, tab + d[X_K] + (i64)x * d[X_KSIZE],
-                      tab[d[X_XMIN] + x], tab[d[X_N] + x], v);
-          ms[r * mw + c] = pack_px<CH>(v);
+          packed_pass<CH>(sm + r * ww + (tab[d[X_XMIN] + x] - wx0), 1,
+                          tab + d[X_K] + (i64)x * d[X_KSIZE], tab[d[X_N] + x], v);
+          ms[i] = pack_px<CH>(v);
         }
-      }
-    } else {  // output rows y0..vy1 through the vertical pass, at input columns m0..
-      m0 = tab[d[X_XMIN] + x0];
-      mw = tab[d[X_XMIN] + vx1 - 1] + tab[d[X_N] + vx1 - 1] - m0;
-      for (int r = threadIdx.y; r < vy1 - y0; r += blockDim.y) {
-        const int y = y0 + r;
-        for (int c = threadIdx.x; c < mw; c += blockDim.x) {
-          pass_px<CH>(s + (i64)(m0 + c) * CH, row, premul, tab + d[Y_K] + (i64)y * d[Y_KSIZE],
-                      tab[d[Y_XMIN] + y], tab[d[Y_N] + y], v);
-          ms[r * mw + c] = pack_px<CH>(v);
+        ox = x0;
+        fw = mw;
+      } else {  // output rows y0..vy1 through the vertical pass, the window's columns
+        for (int i = tid; i < (vy1 - y0) * ww; i += nt) {
+          int c;
+          const int y = y0 + div_small(i, ww, inv_ww, c);
+          packed_pass<CH>(sm + (tab[d[Y_XMIN] + y] - wy0) * ww + c, ww,
+                          tab + d[Y_K] + (i64)y * d[Y_KSIZE], tab[d[Y_N] + y], v);
+          ms[i] = pack_px<CH>(v);
         }
+        oy = y0;
       }
+      fb = ms;
     }
   }
-  __syncthreads();  // the intermediate and the block's normalise table are in place
-  const int pp = p * p;
-  for (int k = 0; k < nph * npw; ++k) {
-    const int ky = k / npw;  // once per patch
-    const int gy = gy0 + ky, gx = gx0 + k - ky * npw;
-    T* o = out + (d[ROW] + (i64)gy * gw + gx) * 3 * pp;
-    for (int py = threadIdx.y; py < p; py += blockDim.y) {
-      const int y = gy * p + py;
-      for (int px = threadIdx.x; px < p; px += blockDim.x) {
-        const int x = gx * p + px;
-        int rgb[3] = {0, 0, 0};
-        if (y < out_h && x < out_w) {
-          int v[4];
-          if (!tiled) {
-            resized_px<CH>(src, mid, d, tab, y, x, v);
-          } else if (h_first) {
-            packed_pass<CH>(ms + (tab[d[Y_XMIN] + y] - m0) * mw + (x - x0), mw,
-                            tab + d[Y_K] + (i64)y * d[Y_KSIZE], tab[d[Y_N] + y], v);
-          } else {
-            packed_pass<CH>(ms + (y - y0) * mw + (tab[d[X_XMIN] + x] - m0), 1,
-                            tab + d[X_K] + (i64)x * d[X_KSIZE], tab[d[X_N] + x], v);
-          }
-          to_rgb<CH>(d, y, x, v, rgb);
-        }
-        const int at = py * p + px;
-        o[at] = tb[rgb[0]];
-        o[pp + at] = tb[256 + rgb[1]];
-        o[2 * pp + at] = tb[512 + rgb[2]];
+  __syncthreads();  // the final pass's source and the block's normalise table are in place
+  const int pp = p * p, n = nph * npw * pp;
+  const float inv_pp = 1.0f / (float)pp, inv_p = 1.0f / (float)p, inv_npw = 1.0f / (float)npw;
+  if (!tiled) {  // global memory: the source, or resize_pass1's intermediate
+    for (int j = tid; j < n; j += nt) {
+      const TilePixel t = tile_pixel(d, j, gy0, gx0, npw, p, inv_pp, inv_p, inv_npw);
+      int rgb[3] = {0, 0, 0};
+      if (t.y < out_h && t.x < out_w) {
+        int v[4];
+        resized_px<CH>(src, mid, d, tab, t.y, t.x, v);
+        to_rgb<CH>(d, t.y, t.x, v, rgb);
       }
+      store_rgb(out, tb, t, pp, rgb);
     }
+    return;
+  }
+  for (int j = tid; j < n; j += nt) {
+    const TilePixel t = tile_pixel(d, j, gy0, gx0, npw, p, inv_pp, inv_p, inv_npw);
+    int rgb[3] = {0, 0, 0};
+    if (t.y < out_h && t.x < out_w) {
+      int v[4];
+      if (p2 == 1) {
+        packed_pass<CH>(fb + (t.y - oy) * fw + (tab[d[X_XMIN] + t.x] - ox), 1,
+                        tab + d[X_K] + (i64)t.x * d[X_KSIZE], tab[d[X_N] + t.x], v);
+      } else if (p2 == 2) {
+        packed_pass<CH>(fb + (tab[d[Y_XMIN] + t.y] - oy) * fw + (t.x - ox), fw,
+                        tab + d[Y_K] + (i64)t.y * d[Y_KSIZE], tab[d[Y_N] + t.y], v);
+      } else {
+        unpack_px<CH>(fb[(t.y - oy) * fw + (t.x - ox)], v);
+      }
+      to_rgb<CH>(d, t.y, t.x, v, rgb);
+    }
+    store_rgb(out, tb, t, pp, rgb);
   }
 }
 
-// The whole pixel pipeline after pass 1 (or all of it, for TILED images): resize, composite,
-// zero pad, normalise and patchify into (sum patches, 3, p, p). Grid: one block per tile of
-// tph x tpw patches (tile_image names each tile's image); any block shape, (p, p) on the GPU.
-// Dynamic shared memory: the largest TILED intermediate of the launch, 4 bytes per pixel.
+// The whole pixel pipeline (after resize_pass1 for images that are not TILED): resize,
+// composite, zero pad, normalise and patchify into (sum patches, 3, p, p). Grid: one block
+// per tile (tile_image names each tile's image); any block shape. Dynamic shared memory:
+// the largest TILED window plus intermediate of the launch, 4 bytes per pixel.
 // T is the output's bit pattern (32 or 16 bits).
 template <typename T>
 __global__ void fused(const u8* __restrict__ src, const u8* __restrict__ mid,
                       const i64* __restrict__ desc, const int* __restrict__ tab,
                       const T* __restrict__ table, const int* __restrict__ tile_image,
-                      T* __restrict__ out, int tph, int tpw, int p) {
+                      T* __restrict__ out, int p) {
   __shared__ i64 d[NF];
   __shared__ T tb[3 * 256];
   const int tid = threadIdx.y * blockDim.x + threadIdx.x;
@@ -382,20 +469,19 @@ __global__ void fused(const u8* __restrict__ src, const u8* __restrict__ mid,
   __syncthreads();
   for (int i = tid; i < 3 * 256; i += nt) tb[i] = table[d[TABLE] + i];
   const int tile = (int)(blockIdx.x - d[TILE_START]);
-  unsigned* ms = dynamic_smem();
+  unsigned* sm = dynamic_smem();
   switch (d[CH]) {
-    case 1: fused_tile<1, T>(src, mid, d, tab, tb, out, tile, tph, tpw, p, ms); break;
-    case 3: fused_tile<3, T>(src, mid, d, tab, tb, out, tile, tph, tpw, p, ms); break;
-    default: fused_tile<4, T>(src, mid, d, tab, tb, out, tile, tph, tpw, p, ms); break;
+    case 1: fused_tile<1, T>(src, mid, d, tab, tb, out, tile, p, sm); break;
+    case 3: fused_tile<3, T>(src, mid, d, tab, tb, out, tile, p, sm); break;
+    default: fused_tile<4, T>(src, mid, d, tab, tb, out, tile, p, sm); break;
   }
 }
 
 #ifndef __CUDACC_RTC__
 // nvcc (the CI compile check) instantiates what NVRTC gets through name expressions.
 template __global__ void fused<unsigned int>(const u8*, const u8*, const i64*, const int*,
-                                             const unsigned int*, const int*, unsigned int*, int,
-                                             int, int);
+                                             const unsigned int*, const int*, unsigned int*, int);
 template __global__ void fused<unsigned short>(const u8*, const u8*, const i64*, const int*,
                                                const unsigned short*, const int*,
-                                               unsigned short*, int, int, int);
+                                               unsigned short*, int);
 #endif

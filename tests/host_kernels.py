@@ -111,7 +111,6 @@ class HostLauncher:
         table: torch.Tensor,
         tiles: torch.Tensor,
         out: torch.Tensor,
-        tile: tuple[int, int],
         patch: int,
     ) -> None:
         # the block's threads are real threads here: a few, in a shape that does not divide
@@ -128,5 +127,5 @@ class HostLauncher:
             _p(table),
             _p(tiles),
             _p(out),
-            *map(ctypes.c_int, (*tile, patch)),
+            ctypes.c_int(patch),
         )

@@ -109,11 +109,11 @@ def test_cuda_kernels_through_the_global_intermediate_equal_the_cpu_path(
 
 
 def test_cuda_kernels_on_large_downscales_and_mixed_orders(rng: np.random.Generator) -> None:
-    # one launch: 4000x3000 shrunk ~2x and ~5.5x (its tile intermediate is too big for
-    # shared memory, so it takes pass 1), 3000x4000 ~5.5x RGBA by the 2048-patch limit
-    # (just fits), 6000x300 ~6x (wide tiles), 200x9000 vertical first, and 640x480 as is
+    # one launch: 4000x3000 shrunk ~1.9x and ~7.7x (its window does not fit in shared
+    # memory even for one patch, so it takes pass 1), 3000x4000 RGBA ~5.5x (one-patch
+    # tiles), 6000x300 ~3x (1x2-patch tiles), 200x9000 vertical first, 640x480 as it is
     from kernel_cases import differing, kernels, reference
-    from mmwire.kernels import ImageJob, layout_of
+    from mmwire.kernels import FIELDS, ImageJob, layout_of
     from mmwire.materialize import ProcessorConfig
 
     default, small = ProcessorConfig(), ProcessorConfig(in_patch_limit=1024)
@@ -134,8 +134,9 @@ def test_cuda_kernels_on_large_downscales_and_mixed_orders(rng: np.random.Genera
         jobs.append(
             ImageJob(w, h, c, plan.new_width, plan.new_height, None, plan.grid.w, plan.grid.patches)
         )
-    tiled = layout_of(tuple(jobs), None, 14).desc[:, -1].tolist()
-    assert tiled == [1, 0, 1, 1, 1, 0]  # both ways of keeping the intermediate are used
+    desc = layout_of(tuple(jobs), None, 14).desc
+    tiles = [tuple(int(r[FIELDS.index(f)]) for f in ("TILED", "TILE_PH", "TILE_PW")) for r in desc]
+    assert tiles == [(1, 2, 4), (0, 1, 1), (1, 1, 1), (1, 1, 2), (1, 2, 4), (1, 2, 4)]
     want_pv, want_grid = reference(items, torch.bfloat16)
     got_pv, got_grid = kernels(items, torch.bfloat16, "cuda")
     assert torch.equal(got_grid.cpu(), want_grid)

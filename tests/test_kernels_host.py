@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -78,26 +79,36 @@ def test_layout_shares_tables_and_offsets_accumulate() -> None:
     assert layout.mid_rows == 80 and layout.mid_width == 25 and layout.out_rows == 40
 
 
-def test_layout_tiles_canvases_and_keeps_small_intermediates_on_chip() -> None:
-    # 14-pixel patches: tiles of 2 x 4 patches (28 x 56 pixels)
+def test_layout_tiles_canvases_and_sizes_each_tiles_shared_memory() -> None:
+    # 14-pixel patches: tiles of 2 x 4 patches (28 x 56 pixels) where they fit
     down = ImageJob(in_w=300, in_h=200, ch=3, out_w=280, out_h=168, patches=240, grid_w=20)
     same = ImageJob(in_w=56, in_h=28, ch=3, out_w=56, out_h=28, patches=8, grid_w=4)
     layout = layout_of((down, same), (13, 0), 14)
     first, second = (dict(zip(FIELDS, row)) for row in layout.desc)
-    assert (layout.tile_h, layout.tile_w) == (2, 4)
+    assert (first["TILE_PH"], first["TILE_PW"], second["TILE_PH"], second["TILE_PW"]) == (2, 4) * 2
     assert (first["GRID_H"], first["TILES_W"], first["TILE_START"]) == (12, 5, 0)
     assert second["TILE_START"] == 30 and layout.tiles == 31
     assert layout.tile_image.tolist() == [0] * 30 + [1]
-    assert (first["TILED"], second["TILED"]) == (1, 0) and layout.mid_bytes == 0
-    # horizontal first: 56 columns of the rows that 28 output rows read (with their halo)
-    c = bicubic_coefficients(200, 168)
-    rows = max(
-        int(c.xmin[min(y + 28, 168) - 1] + c.n[min(y + 28, 168) - 1] - c.xmin[y])
-        for y in range(0, 168, 28)
-    )
-    assert layout.smem_bytes == 4 * rows * 56
-    spilled = layout_of((down, same), (13, 0), 14, layout.smem_bytes - 1)
-    assert dict(zip(FIELDS, spilled.desc[0]))["TILED"] == 0 and spilled.smem_bytes == 0
+    assert (first["TILED"], second["TILED"]) == (1, 1) and layout.mid_bytes == 0
+    # horizontal first: the window (rows and columns the 28 x 56 outputs read, halo
+    # included) and the horizontal pass of its rows at the 56 output columns
+    cy, cx = bicubic_coefficients(200, 168), bicubic_coefficients(300, 280)
+
+    def span(c: Any, size: int, step: int) -> int:
+        return max(
+            int(c.xmin[min(a + step, size) - 1] + c.n[min(a + step, size) - 1] - c.xmin[a])
+            for a in range(0, size, step)
+        )
+
+    rows, cols = span(cy, 168, 28), span(cx, 280, 56)
+    assert layout.smem_bytes == 4 * (rows * cols + rows * 56)
+    # less room: smaller tiles (one patch row), then global memory and pass 1
+    smaller = layout_of((down, same), (13, 0), 14, layout.smem_bytes - 1)
+    row = dict(zip(FIELDS, smaller.desc[0]))
+    assert (row["TILED"], row["TILE_PH"], row["TILE_PW"]) == (1, 1, 4)
+    assert smaller.tiles == 12 * 5 + 1 and smaller.mid_bytes == 0
+    spilled = layout_of((down, same), (13, 0), 14, 4 * 14 * 14 - 1)
+    assert [int(r[FIELDS.index("TILED")]) for r in spilled.desc] == [0, 0]
     assert spilled.mid_bytes == 280 * 200 * 3  # pass 1 writes the global intermediate
     assert layout_of((down,), (13, 0)).tiles == 0  # resize-only launches have no tiles
 

@@ -58,15 +58,14 @@ extern "C" void host_pass2(const unsigned* grid, const unsigned* block, const u8
 extern "C" void host_fused_u32(const unsigned* grid, const unsigned* block, const u8* src,
                                const u8* mid, const i64* desc, const int* tab,
                                const unsigned int* table, const int* tiles, unsigned int* out,
-                               int tph, int tpw, int p) {
-  run_threads(grid, block,
-              [&] { fused<unsigned int>(src, mid, desc, tab, table, tiles, out, tph, tpw, p); });
+                               int p) {
+  run_threads(grid, block, [&] { fused<unsigned int>(src, mid, desc, tab, table, tiles, out, p); });
 }
 
 extern "C" void host_fused_u16(const unsigned* grid, const unsigned* block, const u8* src,
                                const u8* mid, const i64* desc, const int* tab,
                                const unsigned short* table, const int* tiles, unsigned short* out,
-                               int tph, int tpw, int p) {
+                               int p) {
   run_threads(grid, block,
-              [&] { fused<unsigned short>(src, mid, desc, tab, table, tiles, out, tph, tpw, p); });
+              [&] { fused<unsigned short>(src, mid, desc, tab, table, tiles, out, p); });
 }
