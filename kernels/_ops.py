@@ -25,7 +25,6 @@ __all__ = ["pack", "preprocess", "preprocess_packed", "resize", "resize_packed"]
 _BITS = {torch.float32: 32, torch.bfloat16: 16, torch.float16: 16}
 _STORAGE = {32: torch.int32, 16: torch.int16}
 _ROW_BLOCK = 128  # threads per block along an image row in the resize passes
-_FUSED_THREADS = 256  # threads per block (one tile) of the fused launch
 _MAX_GRID_X = 2**31 - 1
 
 
@@ -198,7 +197,7 @@ def preprocess_packed(
     run.fused(
         bits,
         (layout.tiles, 1),
-        (_FUSED_THREADS, 1),
+        (p, p),
         layout.smem_bytes,
         src,
         mid,

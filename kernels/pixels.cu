@@ -23,8 +23,8 @@
 //     patchify from it: the whole pipeline is one launch and the intermediate never
 //     reaches global memory. An image whose tile would not fit (TILED = 0) reads global
 //     memory instead: its source, or for two passes the intermediate of resize_pass1.
-//     Its loops stride by the block's size, so any block shape gives the same bytes (the
-//     host build runs it with a few threads per block).
+//     Its loops stride by the block's shape, so any block shape gives the same bytes (the
+//     GPU runs (p, p), the host build a few threads per block).
 
 enum Field {
   SRC_OFF = 0,        // byte offset of the image (uint8 HWC) in the source buffer
@@ -286,19 +286,13 @@ __device__ __forceinline__ void packed_pass(const unsigned* m, int step,
   for (int c = 0; c < 4; ++c) out[c] = min(max(acc[c] >> 22, 0), 255);
 }
 
-// q = i / n and r = i % n for 0 <= i < 2^22 and n >= 1 through a float reciprocal
-// (inv = 1.0f / n) and one correction: exact, and cheaper than an integer division.
-__device__ __forceinline__ int div_small(int i, int n, float inv, int& r) {
-  int q = (int)((float)i * inv);
-  r = i - q * n;
-  if (r < 0) {
-    --q;
-    r += n;
-  } else if (r >= n) {
-    ++q;
-    r -= n;
-  }
-  return q;
+// One canvas pixel's three normalised values into its patch's planes (o: the patch).
+template <typename T>
+__device__ __forceinline__ void store_px(T* __restrict__ o, const T* tb, int at, int pp,
+                                         const int rgb[3]) {
+  o[at] = tb[rgb[0]];
+  o[pp + at] = tb[256 + rgb[1]];
+  o[2 * pp + at] = tb[512 + rgb[2]];
 }
 
 #ifndef MMWIRE_HOST_SHIM
@@ -308,79 +302,77 @@ __device__ __forceinline__ unsigned* dynamic_smem() {
 }
 #endif
 
-// Where pixel j (in output order) of a tile of nph x npw patches lands: canvas (y, x), and
-// its patch's first output element.
-struct TilePixel {
-  int y, x, e;  // e: the element within the patch's (p, p) plane
-  i64 patch;    // output row of the patch
-};
-
-__device__ __forceinline__ TilePixel tile_pixel(const i64* d, int j, int gy0, int gx0, int npw,
-                                                int p, float inv_pp, float inv_p,
-                                                float inv_npw) {
-  TilePixel t;
-  int kx, px;
-  const int k = div_small(j, p * p, inv_pp, t.e);
-  const int py = div_small(t.e, p, inv_p, px);
-  const int gy = gy0 + div_small(k, npw, inv_npw, kx), gx = gx0 + kx;
-  t.y = gy * p + py;
-  t.x = gx * p + px;
-  t.patch = d[ROW] + (i64)gy * d[GRID_W] + gx;
-  return t;
-}
-
-template <typename T>
-__device__ __forceinline__ void store_rgb(T* __restrict__ out, const T* tb, const TilePixel& t,
-                                          int pp, const int rgb[3]) {
-  T* o = out + t.patch * 3 * pp + t.e;
-  o[0] = tb[rgb[0]];
-  o[pp] = tb[256 + rgb[1]];
-  o[2 * pp] = tb[512 + rgb[2]];
-}
-
 // One tile of one image: patches (gy0 .. gy0 + nph) x (gx0 .. gx0 + npw) of its canvas.
-// sm: the dynamic shared memory, for the tile's window and intermediate when TILED.
+// sm: the dynamic shared memory, for the tile's window and intermediate when TILED. Every
+// loop strides by the block's shape; with a (p, p) block each thread owns one pixel
+// position (py, px) of every patch, so nothing is divided per pixel.
 template <int CH, typename T>
 __device__ __forceinline__ void fused_tile(const u8* __restrict__ src, const u8* __restrict__ mid,
                                            const i64* d, const int* __restrict__ tab,
                                            const T* tb, T* __restrict__ out, int tile, int p,
                                            unsigned* sm) {
-  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
-  const int nt = blockDim.x * blockDim.y;
+  const int tx = threadIdx.x, ty = threadIdx.y, bx = blockDim.x, by = blockDim.y;
   const int tiles_w = (int)d[TILES_W], tph = (int)d[TILE_PH], tpw = (int)d[TILE_PW];
-  const int ty = tile / tiles_w;  // once per block
-  const int gy0 = ty * tph, gx0 = (tile - ty * tiles_w) * tpw;
-  const int nph = min(tph, (int)d[GRID_H] - gy0), npw = min(tpw, (int)d[GRID_W] - gx0);
+  const int gw = (int)d[GRID_W];
+  const int trow = tile / tiles_w;  // once per block
+  const int gy0 = trow * tph, gx0 = (tile - trow * tiles_w) * tpw;
+  const int nph = min(tph, (int)d[GRID_H] - gy0), npw = min(tpw, gw - gx0);
   const int out_h = (int)d[OUT_H], out_w = (int)d[OUT_W];
   const int y0 = gy0 * p, x0 = gx0 * p;
   const int vy1 = min(y0 + nph * p, out_h), vx1 = min(x0 + npw * p, out_w);
   const bool tiled = d[TILED] != 0 && vy1 > y0 && vx1 > x0;
   const int p1 = (int)d[PASS1], p2 = (int)d[PASS2];
-  // the final pass's source: fb, a (rows, fw) array of packed pixels whose (0, 0) is the
-  // canvas-or-input coordinate (oy, ox) of the axis the final pass reads
+  const i64 first_patch = d[ROW] + (i64)gy0 * gw + gx0;
+  const int pp = p * p;
+  if (!tiled) {  // global memory: the source, or resize_pass1's intermediate
+    __syncthreads();  // the block's normalise table is in place
+    for (int ky = 0; ky < nph; ++ky) {
+      for (int kx = 0; kx < npw; ++kx) {
+        T* o = out + (first_patch + (i64)ky * gw + kx) * 3 * pp;
+        for (int py = ty; py < p; py += by) {
+          const int y = (gy0 + ky) * p + py;
+          for (int px = tx; px < p; px += bx) {
+            const int x = (gx0 + kx) * p + px;
+            int rgb[3] = {0, 0, 0};
+            if (y < out_h && x < out_w) {
+              int v[4];
+              resized_px<CH>(src, mid, d, tab, y, x, v);
+              to_rgb<CH>(d, y, x, v, rgb);
+            }
+            store_px(o, tb, py * p + px, pp, rgb);
+          }
+        }
+      }
+    }
+    return;
+  }
+  // offsets of the coefficient tables in tab (32-bit: fewer registers than pointers)
+  const int x_min = (int)d[X_XMIN], x_n = (int)d[X_N], x_k = (int)d[X_K];
+  const int y_min = (int)d[Y_XMIN], y_n = (int)d[Y_N], y_k = (int)d[Y_K];
+  const int x_ks = (int)d[X_KSIZE], y_ks = (int)d[Y_KSIZE];
+  // the final pass's source: fb, rows of fw packed pixels whose (0, 0) is the coordinate
+  // (oy, ox) of the grid that pass reads (input or canvas, per axis)
   const unsigned* fb = sm;
   int oy = y0, ox = x0, fw = 1;
-  if (tiled) {
+  {
     int wy0 = y0, wh = vy1 - y0, wx0 = x0, ww = vx1 - x0;  // the source window
     if (p1 == 2 || p2 == 2) {
-      wy0 = tab[d[Y_XMIN] + y0];
-      wh = tab[d[Y_XMIN] + vy1 - 1] + tab[d[Y_N] + vy1 - 1] - wy0;
+      wy0 = tab[y_min + y0];
+      wh = tab[y_min + vy1 - 1] + tab[y_n + vy1 - 1] - wy0;
     }
     if (p1 == 1 || p2 == 1) {
-      wx0 = tab[d[X_XMIN] + x0];
-      ww = tab[d[X_XMIN] + vx1 - 1] + tab[d[X_N] + vx1 - 1] - wx0;
+      wx0 = tab[x_min + x0];
+      ww = tab[x_min + vx1 - 1] + tab[x_n + vx1 - 1] - wx0;
     }
-    const i64 row = d[IN_W] * CH;
+    const int row = (int)d[IN_W] * CH;
     const u8* s = src + d[SRC_OFF] + (i64)wy0 * row + (i64)wx0 * CH;
     const bool premul = d[PREMUL] != 0;
-    const float inv_ww = 1.0f / (float)ww;
     int v[4];
-#pragma unroll 4
-    for (int i = tid; i < wh * ww; i += nt) {
-      int c;
-      const int r = div_small(i, ww, inv_ww, c);
-      load_px<CH>(s + r * row + c * CH, premul, v);
-      sm[i] = pack_px<CH>(v);
+    for (int r = ty; r < wh; r += by) {
+      for (int c = tx; c < ww; c += bx) {
+        load_px<CH>(s + (i64)r * row + c * CH, premul, v);
+        sm[r * ww + c] = pack_px<CH>(v);
+      }
     }
     oy = wy0;
     ox = wx0;
@@ -390,24 +382,24 @@ __device__ __forceinline__ void fused_tile(const u8* __restrict__ src, const u8*
       unsigned* ms = sm + wh * ww;
       if (p1 == 1) {  // the window's rows through the horizontal pass, output columns x0..vx1
         const int mw = vx1 - x0;
-        const float inv_mw = 1.0f / (float)mw;
-        for (int i = tid; i < wh * mw; i += nt) {
-          int c;
-          const int r = div_small(i, mw, inv_mw, c);
-          const int x = x0 + c;
-          packed_pass<CH>(sm + r * ww + (tab[d[X_XMIN] + x] - wx0), 1,
-                          tab + d[X_K] + (i64)x * d[X_KSIZE], tab[d[X_N] + x], v);
-          ms[i] = pack_px<CH>(v);
+        for (int r = ty; r < wh; r += by) {
+          for (int c = tx; c < mw; c += bx) {
+            const int x = x0 + c;
+            packed_pass<CH>(sm + r * ww + (tab[x_min + x] - wx0), 1, tab + x_k + x * x_ks,
+                            tab[x_n + x], v);
+            ms[r * mw + c] = pack_px<CH>(v);
+          }
         }
         ox = x0;
         fw = mw;
       } else {  // output rows y0..vy1 through the vertical pass, the window's columns
-        for (int i = tid; i < (vy1 - y0) * ww; i += nt) {
-          int c;
-          const int y = y0 + div_small(i, ww, inv_ww, c);
-          packed_pass<CH>(sm + (tab[d[Y_XMIN] + y] - wy0) * ww + c, ww,
-                          tab + d[Y_K] + (i64)y * d[Y_KSIZE], tab[d[Y_N] + y], v);
-          ms[i] = pack_px<CH>(v);
+        for (int r = ty; r < vy1 - y0; r += by) {
+          const int y = y0 + r;
+          for (int c = tx; c < ww; c += bx) {
+            packed_pass<CH>(sm + (tab[y_min + y] - wy0) * ww + c, ww, tab + y_k + y * y_ks,
+                            tab[y_n + y], v);
+            ms[r * ww + c] = pack_px<CH>(v);
+          }
         }
         oy = y0;
       }
@@ -415,44 +407,38 @@ __device__ __forceinline__ void fused_tile(const u8* __restrict__ src, const u8*
     }
   }
   __syncthreads();  // the final pass's source and the block's normalise table are in place
-  const int pp = p * p, n = nph * npw * pp;
-  const float inv_pp = 1.0f / (float)pp, inv_p = 1.0f / (float)p, inv_npw = 1.0f / (float)npw;
-  if (!tiled) {  // global memory: the source, or resize_pass1's intermediate
-    for (int j = tid; j < n; j += nt) {
-      const TilePixel t = tile_pixel(d, j, gy0, gx0, npw, p, inv_pp, inv_p, inv_npw);
-      int rgb[3] = {0, 0, 0};
-      if (t.y < out_h && t.x < out_w) {
-        int v[4];
-        resized_px<CH>(src, mid, d, tab, t.y, t.x, v);
-        to_rgb<CH>(d, t.y, t.x, v, rgb);
+  for (int ky = 0; ky < nph; ++ky) {
+    for (int kx = 0; kx < npw; ++kx) {
+      T* o = out + (first_patch + (i64)ky * gw + kx) * 3 * pp;
+      for (int py = ty; py < p; py += by) {
+        const int y = (gy0 + ky) * p + py;
+        for (int px = tx; px < p; px += bx) {
+          const int x = (gx0 + kx) * p + px;
+          int rgb[3] = {0, 0, 0};
+          if (y < out_h && x < out_w) {
+            int v[4];
+            if (p2 == 1) {
+              packed_pass<CH>(fb + (y - oy) * fw + (tab[x_min + x] - ox), 1,
+                              tab + x_k + x * x_ks, tab[x_n + x], v);
+            } else if (p2 == 2) {
+              packed_pass<CH>(fb + (tab[y_min + y] - oy) * fw + (x - ox), fw,
+                              tab + y_k + y * y_ks, tab[y_n + y], v);
+            } else {
+              unpack_px<CH>(fb[(y - oy) * fw + (x - ox)], v);
+            }
+            to_rgb<CH>(d, y, x, v, rgb);
+          }
+          store_px(o, tb, py * p + px, pp, rgb);
+        }
       }
-      store_rgb(out, tb, t, pp, rgb);
     }
-    return;
-  }
-  for (int j = tid; j < n; j += nt) {
-    const TilePixel t = tile_pixel(d, j, gy0, gx0, npw, p, inv_pp, inv_p, inv_npw);
-    int rgb[3] = {0, 0, 0};
-    if (t.y < out_h && t.x < out_w) {
-      int v[4];
-      if (p2 == 1) {
-        packed_pass<CH>(fb + (t.y - oy) * fw + (tab[d[X_XMIN] + t.x] - ox), 1,
-                        tab + d[X_K] + (i64)t.x * d[X_KSIZE], tab[d[X_N] + t.x], v);
-      } else if (p2 == 2) {
-        packed_pass<CH>(fb + (tab[d[Y_XMIN] + t.y] - oy) * fw + (t.x - ox), fw,
-                        tab + d[Y_K] + (i64)t.y * d[Y_KSIZE], tab[d[Y_N] + t.y], v);
-      } else {
-        unpack_px<CH>(fb[(t.y - oy) * fw + (t.x - ox)], v);
-      }
-      to_rgb<CH>(d, t.y, t.x, v, rgb);
-    }
-    store_rgb(out, tb, t, pp, rgb);
   }
 }
 
 // The whole pixel pipeline (after resize_pass1 for images that are not TILED): resize,
 // composite, zero pad, normalise and patchify into (sum patches, 3, p, p). Grid: one block
-// per tile (tile_image names each tile's image); any block shape. Dynamic shared memory:
+// per tile (tile_image names each tile's image); any block shape, (p, p) on the GPU.
+// Dynamic shared memory:
 // the largest TILED window plus intermediate of the launch, 4 bytes per pixel.
 // T is the output's bit pattern (32 or 16 bits).
 template <typename T>
