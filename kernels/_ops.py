@@ -25,6 +25,7 @@ __all__ = ["pack", "preprocess", "preprocess_packed", "resize", "resize_packed"]
 _BITS = {torch.float32: 32, torch.bfloat16: 16, torch.float16: 16}
 _STORAGE = {32: torch.int32, 16: torch.int16}
 _ROW_BLOCK = 128  # threads per block along an image row in the resize passes
+_FUSED_THREADS = 256  # FUSED_THREADS in pixels.cu: the fused kernel's largest block
 _MAX_GRID_X = 2**31 - 1
 
 
@@ -181,7 +182,7 @@ def preprocess_packed(
     layout = layout_of(tuple(jobs), pillow, p, TILE_SMEM_BYTES)
     _check_source(src, layout)
     device = src.device
-    if layout.tiles > _MAX_GRID_X or p * p > 1024:
+    if layout.tiles > _MAX_GRID_X or p > _FUSED_THREADS:
         raise ValueError(f"{layout.patches} patches of {p}x{p} do not fit one launch")
     if out is None:
         out = torch.empty((layout.patches, 3, p, p), dtype=dtype, device=device)
@@ -197,7 +198,7 @@ def preprocess_packed(
     run.fused(
         bits,
         (layout.tiles, 1),
-        (p, p),
+        (p, min(p, _FUSED_THREADS // p)),
         layout.smem_bytes,
         src,
         mid,

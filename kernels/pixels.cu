@@ -441,8 +441,14 @@ __device__ __forceinline__ void fused_tile(const u8* __restrict__ src, const u8*
 // Dynamic shared memory:
 // the largest TILED window plus intermediate of the launch, 4 bytes per pixel.
 // T is the output's bit pattern (32 or 16 bits).
+// At most FUSED_THREADS threads a block (the launcher's (p, min(p, 256 / p)) shape);
+// asking for FUSED_MIN_BLOCKS resident blocks a multiprocessor caps the registers, and the
+// occupancy it buys matters more than the few values the compiler then keeps in memory
+// (an A/B on the H200, see bench/results).
+#define FUSED_THREADS 256
+#define FUSED_MIN_BLOCKS 5
 template <typename T>
-__global__ void fused(const u8* __restrict__ src, const u8* __restrict__ mid,
+__global__ void __launch_bounds__(FUSED_THREADS, FUSED_MIN_BLOCKS) fused(const u8* __restrict__ src, const u8* __restrict__ mid,
                       const i64* __restrict__ desc, const int* __restrict__ tab,
                       const T* __restrict__ table, const int* __restrict__ tile_image,
                       T* __restrict__ out, int p) {

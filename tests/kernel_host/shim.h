@@ -15,6 +15,7 @@
 #define __forceinline__ inline
 #define __restrict__ __restrict
 #define __shared__ static  // one block at a time, so one copy serves the block's threads
+#define __launch_bounds__(...)
 
 struct mmwire_dim { unsigned x, y, z; };
 static mmwire_dim blockIdx = {0, 0, 0}, blockDim = {1, 1, 1}, gridDim = {1, 1, 1};
