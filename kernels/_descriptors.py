@@ -60,7 +60,7 @@ _F = {name: i for i, name in enumerate(FIELDS)}
 _NONE, _HORIZONTAL, _VERTICAL = 0, 1, 2
 _SOLID = {"white": 255, "gray": 128, "black": 0}
 
-TILE_PIXELS = (32, 64)
+TILE_PIXELS = (64, 64)
 """About how many canvas rows and columns one block of the fused launch covers: a whole
 number of patches, at least one (an image whose window would not fit takes smaller tiles)."""
 TILE_SMEM_BYTES = 40 * 1024

@@ -80,17 +80,17 @@ def test_layout_shares_tables_and_offsets_accumulate() -> None:
 
 
 def test_layout_tiles_canvases_and_sizes_each_tiles_shared_memory() -> None:
-    # 14-pixel patches: tiles of 2 x 4 patches (28 x 56 pixels) where they fit
+    # 14-pixel patches: tiles of 4 x 4 patches (56 x 56 pixels) where they fit
     down = ImageJob(in_w=300, in_h=200, ch=3, out_w=280, out_h=168, patches=240, grid_w=20)
     same = ImageJob(in_w=56, in_h=28, ch=3, out_w=56, out_h=28, patches=8, grid_w=4)
     layout = layout_of((down, same), (13, 0), 14)
     first, second = (dict(zip(FIELDS, row)) for row in layout.desc)
-    assert (first["TILE_PH"], first["TILE_PW"], second["TILE_PH"], second["TILE_PW"]) == (2, 4) * 2
+    assert (first["TILE_PH"], first["TILE_PW"], second["TILE_PH"], second["TILE_PW"]) == (4, 4) * 2
     assert (first["GRID_H"], first["TILES_W"], first["TILE_START"]) == (12, 5, 0)
-    assert second["TILE_START"] == 30 and layout.tiles == 31
-    assert layout.tile_image.tolist() == [0] * 30 + [1]
+    assert second["TILE_START"] == 15 and layout.tiles == 16
+    assert layout.tile_image.tolist() == [0] * 15 + [1]
     assert (first["TILED"], second["TILED"]) == (1, 1) and layout.mid_bytes == 0
-    # horizontal first: the window (rows and columns the 28 x 56 outputs read, halo
+    # horizontal first: the window (rows and columns the 56 x 56 outputs read, halo
     # included) and the horizontal pass of its rows at the 56 output columns
     cy, cx = bicubic_coefficients(200, 168), bicubic_coefficients(300, 280)
 
@@ -100,13 +100,13 @@ def test_layout_tiles_canvases_and_sizes_each_tiles_shared_memory() -> None:
             for a in range(0, size, step)
         )
 
-    rows, cols = span(cy, 168, 28), span(cx, 280, 56)
+    rows, cols = span(cy, 168, 56), span(cx, 280, 56)
     assert layout.smem_bytes == 4 * (rows * cols + rows * 56)
-    # less room: smaller tiles (one patch row), then global memory and pass 1
+    # less room: smaller tiles (half as many patch rows), then global memory and pass 1
     smaller = layout_of((down, same), (13, 0), 14, layout.smem_bytes - 1)
     row = dict(zip(FIELDS, smaller.desc[0]))
-    assert (row["TILED"], row["TILE_PH"], row["TILE_PW"]) == (1, 1, 4)
-    assert smaller.tiles == 12 * 5 + 1 and smaller.mid_bytes == 0
+    assert (row["TILED"], row["TILE_PH"], row["TILE_PW"]) == (1, 2, 4)
+    assert smaller.tiles == 6 * 5 + 1 and smaller.mid_bytes == 0
     spilled = layout_of((down, same), (13, 0), 14, 4 * 14 * 14 - 1)
     assert [int(r[FIELDS.index("TILED")]) for r in spilled.desc] == [0, 0]
     assert spilled.mid_bytes == 280 * 200 * 3  # pass 1 writes the global intermediate
