@@ -87,18 +87,21 @@ __device__ __forceinline__ const i64* find_image(const i64* __restrict__ desc, i
   return desc + (i64)lo * NF;
 }
 
-// One pixel's CH channels, premultiplied by alpha as Pillow's RGBA -> RGBa does.
+// Premultiply RGB by alpha as Pillow's RGBA -> RGBa does.
+__device__ __forceinline__ void premultiply(int v[4]) {
+#pragma unroll
+  for (int c = 0; c < 3; ++c) {
+    int t = v[c] * v[3] + 128;
+    v[c] = ((t >> 8) + t) >> 8;
+  }
+}
+
+// One pixel's CH channels, premultiplied when asked (RGBA only).
 template <int CH>
 __device__ __forceinline__ void load_px(const u8* __restrict__ p, bool premul, int v[4]) {
 #pragma unroll
   for (int c = 0; c < 4; ++c) v[c] = c < CH ? (int)p[c] : 0;
-  if (CH == 4 && premul) {
-#pragma unroll
-    for (int c = 0; c < 3; ++c) {
-      int t = v[c] * v[3] + 128;
-      v[c] = ((t >> 8) + t) >> 8;
-    }
-  }
+  if (CH == 4 && premul) premultiply(v);
 }
 
 // One output sample (all channels) of one 8-bit pass: n taps at base + (xmin + t) * step.
@@ -302,6 +305,61 @@ __device__ __forceinline__ unsigned* dynamic_smem() {
 }
 #endif
 
+// Bytes p .. p + 4 * W as W words, from aligned word loads that touch only words holding
+// at least one of those bytes (an aligned word never straddles a page, so nothing unmapped
+// is read, and nothing past the word of the last byte).
+template <int W>
+__device__ __forceinline__ void load_words(const u8* p, unsigned out[W]) {
+  const unsigned long long at = (unsigned long long)p;
+  const unsigned* w = (const unsigned*)(at & ~3ull);
+  const unsigned shift = (unsigned)(at & 3ull) * 8u;
+  unsigned a[W + 1];
+#pragma unroll
+  for (int i = 0; i < W; ++i) a[i] = __ldg(w + i);
+  a[W] = shift != 0 ? __ldg(w + W) : 0u;
+#pragma unroll
+  for (int i = 0; i < W; ++i) out[i] = __funnelshift_r(a[i], a[i + 1], shift);
+}
+
+// n pixels of one source row into packed words (byte c = channel c; the bytes above CH
+// are never read), premultiplied when asked. Threads take groups of G pixels (4 bytes a
+// channel-row word: G = 4 for gray and RGB, 1 for RGBA) with word loads; the row's last
+// partial group goes pixel by pixel.
+template <int CH>
+__device__ __forceinline__ void stage_row(const u8* __restrict__ s, int n, bool premul,
+                                          unsigned* dst, int t, int nt) {
+  constexpr int G = CH == 4 ? 1 : 4;
+  constexpr int W = G * CH / 4;
+  int v[4];
+  for (int g = t; g * G < n; g += nt) {
+    const int c = g * G;
+    if (c + G <= n) {
+      unsigned w[W];
+      load_words<W>(s + c * CH, w);
+      if (CH == 1) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) dst[c + i] = w[0] >> (8 * i);
+      } else if (CH == 3) {
+        dst[c] = w[0];
+        dst[c + 1] = __byte_perm(w[0], w[1], 0x6543);
+        dst[c + 2] = __byte_perm(w[1], w[2 % W], 0x5432);
+        dst[c + 3] = w[2 % W] >> 8;
+      } else if (premul) {
+        unpack_px<4>(w[0], v);
+        premultiply(v);
+        dst[c] = pack_px<4>(v);
+      } else {
+        dst[c] = w[0];
+      }
+    } else {
+      for (int i = c; i < n; ++i) {
+        load_px<CH>(s + i * CH, premul, v);
+        dst[i] = pack_px<CH>(v);
+      }
+    }
+  }
+}
+
 // One tile of one image: patches (gy0 .. gy0 + nph) x (gx0 .. gx0 + npw) of its canvas.
 // sm: the dynamic shared memory, for the tile's window and intermediate when TILED. Every
 // loop strides by the block's shape; with a (p, p) block each thread owns one pixel
@@ -369,10 +427,7 @@ __device__ __forceinline__ void fused_tile(const u8* __restrict__ src, const u8*
     const bool premul = d[PREMUL] != 0;
     int v[4];
     for (int r = ty; r < wh; r += by) {
-      for (int c = tx; c < ww; c += bx) {
-        load_px<CH>(s + (i64)r * row + c * CH, premul, v);
-        sm[r * ww + c] = pack_px<CH>(v);
-      }
+      stage_row<CH>(s + (i64)r * row, ww, premul, sm + r * ww, tx, bx);
     }
     oy = wy0;
     ox = wx0;

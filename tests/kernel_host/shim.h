@@ -30,6 +30,20 @@ static inline void __syncthreads() {
 static unsigned mmwire_dynamic_smem[48 * 1024 / sizeof(unsigned)];
 static inline unsigned* dynamic_smem() { return mmwire_dynamic_smem; }
 
+// The CUDA intrinsics the kernels use, with their documented semantics.
+template <typename T>
+static inline T __ldg(const T* p) { return *p; }
+static inline unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned shift) {
+  shift &= 31;
+  return shift == 0 ? lo : (lo >> shift) | (hi << (32 - shift));
+}
+static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+  const unsigned long long bytes = ((unsigned long long)y << 32) | x;
+  unsigned r = 0;
+  for (int n = 0; n < 4; ++n) r |= (unsigned)((bytes >> (8 * ((s >> (4 * n)) & 7))) & 255) << (8 * n);
+  return r;
+}
+
 using std::max;
 using std::min;
 static inline float __fdiv_rn(float a, float b) { return a / b; }
