@@ -198,7 +198,7 @@ def preprocess_packed(
     run.fused(
         bits,
         (layout.tiles, 1),
-        (p, min(p, _FUSED_THREADS // p)),
+        (p, _FUSED_THREADS // p),
         layout.smem_bytes,
         src,
         mid,

@@ -24,7 +24,7 @@
 //     reaches global memory. An image whose tile would not fit (TILED = 0) reads global
 //     memory instead: its source, or for two passes the intermediate of resize_pass1.
 //     Its loops stride by the block's shape, so any block shape gives the same bytes (the
-//     GPU runs (p, p), the host build a few threads per block).
+//     GPU runs (p, 256 / p), the host build a few threads per block).
 
 enum Field {
   SRC_OFF = 0,        // byte offset of the image (uint8 HWC) in the source buffer
@@ -305,6 +305,26 @@ __device__ __forceinline__ unsigned* dynamic_smem() {
 }
 #endif
 
+// A row of one patch of a tile: patch (ky, kx), pixel row py. A thread walks the tile's
+// patch rows (patch-major) from its first, `step` rows at a time, so a block of any height
+// keeps all its threads busy without dividing per row.
+struct PatchRow {
+  int ky, kx, py;
+  __device__ __forceinline__ PatchRow(int first, int p, int npw) : ky(0), kx(0), py(0) {
+    next(first, p, npw);
+  }
+  __device__ __forceinline__ void next(int step, int p, int npw) {
+    py += step;
+    while (py >= p) {
+      py -= p;
+      if (++kx == npw) {
+        kx = 0;
+        ++ky;
+      }
+    }
+  }
+};
+
 // Bytes p .. p + 4 * W as W words, from aligned word loads that touch only words holding
 // at least one of those bytes (an aligned word never straddles a page, so nothing unmapped
 // is read, and nothing past the word of the last byte).
@@ -362,8 +382,8 @@ __device__ __forceinline__ void stage_row(const u8* __restrict__ s, int n, bool 
 
 // One tile of one image: patches (gy0 .. gy0 + nph) x (gx0 .. gx0 + npw) of its canvas.
 // sm: the dynamic shared memory, for the tile's window and intermediate when TILED. Every
-// loop strides by the block's shape; with a (p, p) block each thread owns one pixel
-// position (py, px) of every patch, so nothing is divided per pixel.
+// loop strides by the block's shape; the GPU's (p, 256 / p) blocks give each thread a
+// pixel column px of the patch rows it walks, so nothing is divided per pixel.
 template <int CH, typename T>
 __device__ __forceinline__ void fused_tile(const u8* __restrict__ src, const u8* __restrict__ mid,
                                            const i64* d, const int* __restrict__ tab,
@@ -384,22 +404,18 @@ __device__ __forceinline__ void fused_tile(const u8* __restrict__ src, const u8*
   const int pp = p * p;
   if (!tiled) {  // global memory: the source, or resize_pass1's intermediate
     __syncthreads();  // the block's normalise table is in place
-    for (int ky = 0; ky < nph; ++ky) {
-      for (int kx = 0; kx < npw; ++kx) {
-        T* o = out + (first_patch + (i64)ky * gw + kx) * 3 * pp;
-        for (int py = ty; py < p; py += by) {
-          const int y = (gy0 + ky) * p + py;
-          for (int px = tx; px < p; px += bx) {
-            const int x = (gx0 + kx) * p + px;
-            int rgb[3] = {0, 0, 0};
-            if (y < out_h && x < out_w) {
-              int v[4];
-              resized_px<CH>(src, mid, d, tab, y, x, v);
-              to_rgb<CH>(d, y, x, v, rgb);
-            }
-            store_px(o, tb, py * p + px, pp, rgb);
-          }
+    for (PatchRow k(ty, p, npw); k.ky < nph; k.next(by, p, npw)) {
+      T* o = out + (first_patch + (i64)k.ky * gw + k.kx) * 3 * pp;
+      const int y = (gy0 + k.ky) * p + k.py;
+      for (int px = tx; px < p; px += bx) {
+        const int x = (gx0 + k.kx) * p + px;
+        int rgb[3] = {0, 0, 0};
+        if (y < out_h && x < out_w) {
+          int v[4];
+          resized_px<CH>(src, mid, d, tab, y, x, v);
+          to_rgb<CH>(d, y, x, v, rgb);
         }
+        store_px(o, tb, k.py * p + px, pp, rgb);
       }
     }
     return;
@@ -462,41 +478,37 @@ __device__ __forceinline__ void fused_tile(const u8* __restrict__ src, const u8*
     }
   }
   __syncthreads();  // the final pass's source and the block's normalise table are in place
-  for (int ky = 0; ky < nph; ++ky) {
-    for (int kx = 0; kx < npw; ++kx) {
-      T* o = out + (first_patch + (i64)ky * gw + kx) * 3 * pp;
-      for (int py = ty; py < p; py += by) {
-        const int y = (gy0 + ky) * p + py;
-        for (int px = tx; px < p; px += bx) {
-          const int x = (gx0 + kx) * p + px;
-          int rgb[3] = {0, 0, 0};
-          if (y < out_h && x < out_w) {
-            int v[4];
-            if (p2 == 1) {
-              packed_pass<CH>(fb + (y - oy) * fw + (tab[x_min + x] - ox), 1,
-                              tab + x_k + x * x_ks, tab[x_n + x], v);
-            } else if (p2 == 2) {
-              packed_pass<CH>(fb + (tab[y_min + y] - oy) * fw + (x - ox), fw,
-                              tab + y_k + y * y_ks, tab[y_n + y], v);
-            } else {
-              unpack_px<CH>(fb[(y - oy) * fw + (x - ox)], v);
-            }
-            to_rgb<CH>(d, y, x, v, rgb);
-          }
-          store_px(o, tb, py * p + px, pp, rgb);
+  for (PatchRow k(ty, p, npw); k.ky < nph; k.next(by, p, npw)) {
+    T* o = out + (first_patch + (i64)k.ky * gw + k.kx) * 3 * pp;
+    const int y = (gy0 + k.ky) * p + k.py;
+    for (int px = tx; px < p; px += bx) {
+      const int x = (gx0 + k.kx) * p + px;
+      int rgb[3] = {0, 0, 0};
+      if (y < out_h && x < out_w) {
+        int v[4];
+        if (p2 == 1) {
+          packed_pass<CH>(fb + (y - oy) * fw + (tab[x_min + x] - ox), 1, tab + x_k + x * x_ks,
+                          tab[x_n + x], v);
+        } else if (p2 == 2) {
+          packed_pass<CH>(fb + (tab[y_min + y] - oy) * fw + (x - ox), fw, tab + y_k + y * y_ks,
+                          tab[y_n + y], v);
+        } else {
+          unpack_px<CH>(fb[(y - oy) * fw + (x - ox)], v);
         }
+        to_rgb<CH>(d, y, x, v, rgb);
       }
+      store_px(o, tb, k.py * p + px, pp, rgb);
     }
   }
 }
 
 // The whole pixel pipeline (after resize_pass1 for images that are not TILED): resize,
 // composite, zero pad, normalise and patchify into (sum patches, 3, p, p). Grid: one block
-// per tile (tile_image names each tile's image); any block shape, (p, p) on the GPU.
+// per tile (tile_image names each tile's image); any block shape, (p, 256 / p) on the GPU.
 // Dynamic shared memory:
 // the largest TILED window plus intermediate of the launch, 4 bytes per pixel.
 // T is the output's bit pattern (32 or 16 bits).
-// At most FUSED_THREADS threads a block (the launcher's (p, min(p, 256 / p)) shape);
+// At most FUSED_THREADS threads a block (the launcher's (p, 256 / p) shape);
 // asking for FUSED_MIN_BLOCKS resident blocks a multiprocessor caps the registers, and the
 // occupancy it buys matters more than the few values the compiler then keeps in memory
 // (an A/B on the H200, see bench/results).
