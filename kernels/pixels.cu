@@ -513,7 +513,7 @@ __device__ __forceinline__ void fused_tile(const u8* __restrict__ src, const u8*
 // occupancy it buys matters more than the few values the compiler then keeps in memory
 // (an A/B on the H200, see bench/results).
 #define FUSED_THREADS 256
-#define FUSED_MIN_BLOCKS 6
+#define FUSED_MIN_BLOCKS 5
 template <typename T>
 __global__ void __launch_bounds__(FUSED_THREADS, FUSED_MIN_BLOCKS) fused(const u8* __restrict__ src, const u8* __restrict__ mid,
                       const i64* __restrict__ desc, const int* __restrict__ tab,
