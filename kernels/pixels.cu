@@ -505,20 +505,18 @@ __device__ __forceinline__ void fused_tile(const u8* __restrict__ src, const u8*
 // The whole pixel pipeline (after resize_pass1 for images that are not TILED): resize,
 // composite, zero pad, normalise and patchify into (sum patches, 3, p, p). Grid: one block
 // per tile (tile_image names each tile's image); any block shape, (p, 256 / p) on the GPU.
-// Dynamic shared memory:
-// the largest TILED window plus intermediate of the launch, 4 bytes per pixel.
-// T is the output's bit pattern (32 or 16 bits).
-// At most FUSED_THREADS threads a block (the launcher's (p, 256 / p) shape);
-// asking for FUSED_MIN_BLOCKS resident blocks a multiprocessor caps the registers, and the
-// occupancy it buys matters more than the few values the compiler then keeps in memory
-// (an A/B on the H200, see bench/results).
+// Dynamic shared memory: the largest TILED window plus intermediate of the launch, 4 bytes
+// a pixel. T is the output's bit pattern (32 or 16 bits).
+// Blocks have at most FUSED_THREADS threads; asking for FUSED_MIN_BLOCKS resident blocks a
+// multiprocessor caps the registers, and the occupancy that buys matters more than the few
+// values the compiler then keeps in local memory (the H200 A/B in bench/results).
 #define FUSED_THREADS 256
 #define FUSED_MIN_BLOCKS 5
 template <typename T>
-__global__ void __launch_bounds__(FUSED_THREADS, FUSED_MIN_BLOCKS) fused(const u8* __restrict__ src, const u8* __restrict__ mid,
-                      const i64* __restrict__ desc, const int* __restrict__ tab,
-                      const T* __restrict__ table, const int* __restrict__ tile_image,
-                      T* __restrict__ out, int p) {
+__global__ void __launch_bounds__(FUSED_THREADS, FUSED_MIN_BLOCKS)
+    fused(const u8* __restrict__ src, const u8* __restrict__ mid, const i64* __restrict__ desc,
+          const int* __restrict__ tab, const T* __restrict__ table,
+          const int* __restrict__ tile_image, T* __restrict__ out, int p) {
   __shared__ i64 d[NF];
   __shared__ T tb[3 * 256];
   const int tid = threadIdx.y * blockDim.x + threadIdx.x;
