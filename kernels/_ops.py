@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -69,26 +70,27 @@ def pack(images: Sequence[Any]) -> tuple[torch.Tensor, list[Shape]]:
 
 
 @lru_cache(maxsize=64)
-def _uploaded(layout: Layout, device: torch.device) -> tuple[torch.Tensor, Any]:
-    """A layout's descriptors, tables and grids on ``device``: one pinned, stream-ordered copy.
-
-    Returns the flat buffer and the event that marks the copy done (``None`` on the CPU).
+def _uploaded(
+    layout: Layout, device: torch.device
+) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], Any]:
+    """A layout's ``(desc, tables, grids, tile_image)`` on ``device``: one pinned,
+    stream-ordered copy of one buffer, and the event that marks it done (``None`` on the CPU).
     """
-    host = np.concatenate(
-        [
-            layout.desc.reshape(-1).view(np.uint8),
-            layout.grids.reshape(-1).view(np.uint8),
-            layout.tables.view(np.uint8),
-            layout.tile_image.view(np.uint8),
-        ]
-    )
-    buf = torch.from_numpy(host)
+    parts = (layout.desc, layout.grids, layout.tables, layout.tile_image)
+    host = torch.from_numpy(np.concatenate([a.reshape(-1).view(np.uint8) for a in parts]))
+    done = None
     if device.type != "cuda":
-        return buf.to(device), None
-    dev = buf.pin_memory().to(device, non_blocking=True)
-    done = torch.cuda.Event()  # type: ignore[no-untyped-call]
-    done.record(torch.cuda.current_stream(device))
-    return dev, done
+        buf = host.to(device)
+    else:
+        buf = host.pin_memory().to(device, non_blocking=True)
+        done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        done.record(torch.cuda.current_stream(device))
+    ends = np.cumsum([a.nbytes for a in parts]).tolist()
+    desc = buf[: ends[0]].view(torch.int64)
+    grids = buf[ends[0] : ends[1]].view(torch.int64).view(-1, 3)
+    tab = buf[ends[1] : ends[2]].view(torch.int32)
+    tiles = buf[ends[2] : ends[3]].view(torch.int32)
+    return (desc, tab, grids, tiles), done
 
 
 def _device_layout(
@@ -96,17 +98,10 @@ def _device_layout(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(desc, tables, grids, tile_image)`` views on ``device``, ordered before the current
     stream's work."""
-    buf, done = _uploaded(layout, device)
+    views, done = _uploaded(layout, device)
     if done is not None:
         torch.cuda.current_stream(device).wait_event(done)  # on the GPU; no host wait
-    ends = np.cumsum(
-        [layout.desc.nbytes, layout.grids.nbytes, layout.tables.nbytes, layout.tile_image.nbytes]
-    )
-    desc = buf[: ends[0]].view(torch.int64)
-    grids = buf[ends[0] : ends[1]].view(torch.int64).view(-1, 3)
-    tab = buf[ends[1] : ends[2]].view(torch.int32)
-    tiles = buf[ends[2] : ends[3]].view(torch.int32)
-    return desc, tab, grids, tiles
+    return views
 
 
 @lru_cache(maxsize=16)
@@ -129,29 +124,29 @@ def _launcher_for(device: torch.device, launcher: Launcher | None) -> Launcher:
     return launcher if launcher is not None else _default_launcher(device)
 
 
-def preprocess_packed(
-    src: torch.Tensor,
-    shapes: Sequence[Shape],
-    specs: Sequence[PreprocessSpec],
-    dtype: torch.dtype = torch.float32,
-    *,
-    out: torch.Tensor | None = None,
-    rows: Sequence[int] | None = None,
-    pillow: tuple[int, int] | None = None,
-    launcher: Launcher | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The pixel pipeline over images already packed in ``src`` (see :func:`pack`).
+@dataclass(frozen=True)
+class _Plan:
+    """What a launch over given images and specs needs from the host (cached)."""
 
-    Returns ``(pixel_values, grid_thw)``: ``(Σ patches, 3, p, p)`` in ``dtype`` and ``(N, 3)``
-    int64, on ``src``'s device, equal byte for byte to the CPU path
-    (``mmwire.materialize.preprocess_images``) under the same Pillow version. With ``out``
-    (and optionally ``rows``, each image's first output row) the patches are written into
-    ``out`` instead, so other items' rows can sit between them; ``out`` is returned.
-    """
+    layout: Layout
+    jobs: tuple[ImageJob, ...]
+    stats: tuple[tuple[tuple[float, float, float], tuple[float, float, float]], ...]
+    """The launch's distinct (mean, std) pairs: one normalise table each."""
+    patch: int
+
+
+@lru_cache(maxsize=256)
+def _plan(
+    shapes: tuple[Shape, ...],
+    specs: tuple[PreprocessSpec, ...],
+    rows: tuple[int, ...] | None,
+    pillow: tuple[int, int] | None,
+    tile_smem: int,
+) -> _Plan:
+    """Checks the images against their specs and lays out the launch (cached by value, so
+    a repeated batch shape costs one lookup; refusals raise and are not cached)."""
     if len(shapes) != len(specs) or not specs:
         raise ValueError(f"{len(shapes)} images but {len(specs)} specs")
-    if dtype not in _BITS:
-        raise ValueError(f"output dtype must be float32, bfloat16 or float16, got {dtype}")
     sizes = {s.patch_size for s in specs}
     if len(sizes) != 1:
         raise ValueError(f"images of one launch use different patch sizes {sorted(sizes)}")
@@ -179,7 +174,39 @@ def preprocess_packed(
                 row=None if rows is None else rows[i],
             )
         )
-    layout = layout_of(tuple(jobs), pillow, p, TILE_SMEM_BYTES)
+    layout = layout_of(tuple(jobs), pillow, p, tile_smem)
+    return _Plan(layout, tuple(jobs), tuple(stats), p)
+
+
+def preprocess_packed(
+    src: torch.Tensor,
+    shapes: Sequence[Shape],
+    specs: Sequence[PreprocessSpec],
+    dtype: torch.dtype = torch.float32,
+    *,
+    out: torch.Tensor | None = None,
+    rows: Sequence[int] | None = None,
+    pillow: tuple[int, int] | None = None,
+    launcher: Launcher | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pixel pipeline over images already packed in ``src`` (see :func:`pack`).
+
+    Returns ``(pixel_values, grid_thw)``: ``(Σ patches, 3, p, p)`` in ``dtype`` and ``(N, 3)``
+    int64, on ``src``'s device, equal byte for byte to the CPU path
+    (``mmwire.materialize.preprocess_images``) under the same Pillow version. With ``out``
+    (and optionally ``rows``, each image's first output row) the patches are written into
+    ``out`` instead, so other items' rows can sit between them; ``out`` is returned.
+    """
+    if dtype not in _BITS:
+        raise ValueError(f"output dtype must be float32, bfloat16 or float16, got {dtype}")
+    plan = _plan(
+        tuple((int(h), int(w), int(c)) for h, w, c in shapes),
+        tuple(specs),
+        None if rows is None else tuple(int(r) for r in rows),
+        pillow,
+        TILE_SMEM_BYTES,
+    )
+    layout, jobs, p = plan.layout, plan.jobs, plan.patch
     _check_source(src, layout)
     device = src.device
     if layout.tiles > _MAX_GRID_X or p > _FUSED_THREADS:
@@ -190,8 +217,11 @@ def preprocess_packed(
         _check_out(out, jobs, p, dtype, device)  # everything is checked before any launch
     run = _launcher_for(device, launcher)
     desc, tab, grids, tiles = _device_layout(layout, device)
-    table = _device_tables(tuple(stats), dtype, device)
-    mid = torch.empty(max(layout.mid_bytes, 1), dtype=torch.uint8, device=device)
+    table = _device_tables(plan.stats, dtype, device)
+    # the global intermediate, when some image needs it (else the kernels never read it)
+    mid = (
+        torch.empty(layout.mid_bytes, dtype=torch.uint8, device=device) if layout.mid_bytes else src
+    )
     # pass 1 only for two-pass images whose tiles do not keep the intermediate on chip
     run.pass1(*_row_grid(layout.mid_rows, layout.mid_width), src, mid, desc, tab, len(jobs))
     bits = _BITS[dtype]
