@@ -1,9 +1,9 @@
 """mmwire.kernels: CuPy raw CUDA kernels for the owner's GPU pixel pipeline.
 
 ``pixels.cu`` holds the kernels: a Pillow-exact BICUBIC resize (Q22 integer weights from
-the host, a uint8 intermediate, premultiplied RGBA) and the last pass fused with the
-background composite, zero pad, normalise and patchify, for many images of different
-sizes per launch. ``resize`` and ``preprocess`` are the entry points; the CUDA
+the host, a uint8 intermediate, premultiplied RGBA) fused with the background composite,
+zero pad, normalise and patchify, tile by tile in shared memory, for many images of
+different sizes per launch. ``resize`` and ``preprocess`` are the entry points; the CUDA
 ``Materializer`` backend uses ``preprocess_packed`` on the images it uploads. CuPy is
 needed only to launch (``mmwire[cuda12]`` / ``mmwire[cuda13]``).
 """
