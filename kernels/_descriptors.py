@@ -111,7 +111,9 @@ class Layout:
     out_rows: int
     out_width: int
     tile_image: np.ndarray[Any, np.dtype[np.int32]]
-    """The image of each tile of the fused launch (tiles of one image are consecutive)."""
+    """The image of each tile of the fused launches (tiles of one image are consecutive)."""
+    tile_groups: tuple[tuple[int, int, int], ...]
+    """One fused launch per channel count: ``(channels, first tile, tiles)``."""
     smem_bytes: int
     """Dynamic shared memory of the fused launch: the largest TILED window + intermediate."""
 
@@ -199,7 +201,7 @@ def layout_of(
         return table_at[key]
 
     src = mid = mid_rows = mid_width = patches = out = out_rows = out_width = 0
-    tiles = smem = 0
+    smem = 0
     src_offsets: list[int] = []
     out_offsets: list[int] = []
     for row, job in zip(desc, jobs):
@@ -256,7 +258,7 @@ def layout_of(
             "TABLE": job.table * 3 * 256,
             "ROW": patches if job.row is None else job.row,
             "GRID_H": grid_h,
-            "TILE_START": tiles,
+            "TILE_START": 0,  # set below, once the tiles are grouped by channels
             "TILES_W": max(tiles_w, 1),
             "TILED": int(fit is not None),
             "TILE_PH": tile_h,
@@ -274,15 +276,25 @@ def layout_of(
         out += job.out_w * job.out_h * job.ch
         out_rows += job.out_h
         out_width = max(out_width, job.out_w)
-        n_tiles = tiles_w * tiles_h if patch else 0
-        tiles_of.append(n_tiles)
-        tiles += n_tiles
-    tables = np.concatenate(chunks).astype(np.int32) if chunks else np.zeros(1, np.int32)
+        tiles_of.append(tiles_w * tiles_h if patch else 0)
+        tables = np.concatenate(chunks).astype(np.int32) if chunks else np.zeros(1, np.int32)
     grids = np.array(
         [(1, j.patches // j.grid_w, j.grid_w) if j.patches else (0, 0, 0) for j in jobs],
         np.int64,
     ).reshape(len(jobs), 3)
-    tile_image = np.repeat(np.arange(len(jobs), dtype=np.int32), tiles_of)
+    # the fused kernel is compiled per channel count: one launch per group of images with
+    # the same channels, so each group's tiles are consecutive
+    order = sorted(range(len(jobs)), key=lambda i: jobs[i].ch)  # stable
+    groups: list[tuple[int, int, int]] = []
+    at = 0
+    for i in order:
+        if not groups or groups[-1][0] != jobs[i].ch:
+            groups.append((jobs[i].ch, at, 0))
+        desc[i, _F["TILE_START"]] = at
+        at += tiles_of[i]
+        groups[-1] = (groups[-1][0], groups[-1][1], at - groups[-1][1])
+    tile_image = np.repeat(np.array(order, dtype=np.int32), [tiles_of[i] for i in order])
+    tile_groups = tuple(g for g in groups if g[2] > 0)
     for a in (desc, tables, grids, tile_image):
         a.setflags(write=False)
     return Layout(
@@ -300,5 +312,6 @@ def layout_of(
         out_rows=out_rows,
         out_width=out_width,
         tile_image=tile_image,
+        tile_groups=tile_groups,
         smem_bytes=smem,
     )

@@ -19,7 +19,11 @@ from mmwire.transport import BackendUnavailable
 __all__ = ["SOURCE", "CupyLauncher", "Launcher"]
 
 SOURCE = Path(__file__).with_name("pixels.cu")
-_FUSED = {32: "fused<unsigned int>", 16: "fused<unsigned short>"}
+_FUSED = {
+    (bits, ch): f"fused<{t}, {ch}>"
+    for bits, t in ((32, "unsigned int"), (16, "unsigned short"))
+    for ch in (1, 3, 4)
+}
 
 
 Dims = tuple[int, int]
@@ -56,6 +60,7 @@ class Launcher(Protocol):
     def fused(
         self,
         bits: int,
+        channels: int,
         grid: Dims,
         block: Dims,
         smem: int,
@@ -67,8 +72,10 @@ class Launcher(Protocol):
         tiles: torch.Tensor,
         out: torch.Tensor,
         patch: int,
+        first_tile: int,
     ) -> None:
-        """Resize (or its last pass), composite, pad, normalise and patchify, per tile."""
+        """Resize (or its last pass), composite, pad, normalise and patchify, per tile, for
+        the tiles ``first_tile ..`` of images with ``channels`` channels."""
 
 
 @cache
@@ -171,6 +178,7 @@ class CupyLauncher:
     def fused(
         self,
         bits: int,
+        channels: int,
         grid: Dims,
         block: Dims,
         smem: int,
@@ -182,9 +190,10 @@ class CupyLauncher:
         tiles: torch.Tensor,
         out: torch.Tensor,
         patch: int,
+        first_tile: int,
     ) -> None:
-        args = (src, mid, desc, tab, table, tiles, out, np.int32(patch))
-        self._launch(_FUSED[bits], grid, block, args, smem)
+        args = (src, mid, desc, tab, table, tiles, out, np.int32(patch), np.int32(first_tile))
+        self._launch(_FUSED[bits, channels], grid, block, args, smem)
 
 
 def _arg(a: Any) -> Any:

@@ -225,20 +225,23 @@ def preprocess_packed(
     # pass 1 only for two-pass images whose tiles do not keep the intermediate on chip
     run.pass1(*_row_grid(layout.mid_rows, layout.mid_width), src, mid, desc, tab, len(jobs))
     bits = _BITS[dtype]
-    run.fused(
-        bits,
-        (layout.tiles, 1),
-        (p, _FUSED_THREADS // p),
-        layout.smem_bytes,
-        src,
-        mid,
-        desc,
-        tab,
-        table,
-        tiles,
-        out.view(_STORAGE[bits]),
-        p,
-    )
+    for channels, first, count in layout.tile_groups:  # one launch per channel count
+        run.fused(
+            bits,
+            channels,
+            (count, 1),
+            (p, _FUSED_THREADS // p),
+            layout.smem_bytes,
+            src,
+            mid,
+            desc,
+            tab,
+            table,
+            tiles,
+            out.view(_STORAGE[bits]),
+            p,
+            first,
+        )
     return out, grids.clone()  # callers own their grid_thw
 
 

@@ -504,7 +504,8 @@ __device__ __forceinline__ void fused_tile(const u8* __restrict__ src, const u8*
 
 // The whole pixel pipeline (after resize_pass1 for images that are not TILED): resize,
 // composite, zero pad, normalise and patchify into (sum patches, 3, p, p). Grid: one block
-// per tile (tile_image names each tile's image); any block shape, (p, 256 / p) on the GPU.
+// per tile, one launch per channel count (tile_image names each tile's image; this launch's
+// tiles start at first_tile); any block shape, (p, 256 / p) on the GPU.
 // Dynamic shared memory: the largest TILED window plus intermediate of the launch, 4 bytes
 // a pixel. T is the output's bit pattern (32 or 16 bits).
 // Blocks have at most FUSED_THREADS threads; asking for FUSED_MIN_BLOCKS resident blocks a
@@ -512,33 +513,32 @@ __device__ __forceinline__ void fused_tile(const u8* __restrict__ src, const u8*
 // values the compiler then keeps in local memory (the H200 A/B in bench/results).
 #define FUSED_THREADS 256
 #define FUSED_MIN_BLOCKS 5
-template <typename T>
+template <typename T, int CH>
 __global__ void __launch_bounds__(FUSED_THREADS, FUSED_MIN_BLOCKS)
     fused(const u8* __restrict__ src, const u8* __restrict__ mid, const i64* __restrict__ desc,
           const int* __restrict__ tab, const T* __restrict__ table,
-          const int* __restrict__ tile_image, T* __restrict__ out, int p) {
+          const int* __restrict__ tile_image, T* __restrict__ out, int p, int first_tile) {
   __shared__ i64 d[NF];
   __shared__ T tb[3 * 256];
   const int tid = threadIdx.y * blockDim.x + threadIdx.x;
   const int nt = blockDim.x * blockDim.y;
-  const i64 image = tile_image[blockIdx.x];
+  const int t = first_tile + (int)blockIdx.x;
+  const i64 image = tile_image[t];
   for (int i = tid; i < NF; i += nt) d[i] = desc[image * NF + i];
   __syncthreads();
   for (int i = tid; i < 3 * 256; i += nt) tb[i] = table[d[TABLE] + i];
-  const int tile = (int)(blockIdx.x - d[TILE_START]);
-  unsigned* sm = dynamic_smem();
-  switch (d[CH]) {
-    case 1: fused_tile<1, T>(src, mid, d, tab, tb, out, tile, p, sm); break;
-    case 3: fused_tile<3, T>(src, mid, d, tab, tb, out, tile, p, sm); break;
-    default: fused_tile<4, T>(src, mid, d, tab, tb, out, tile, p, sm); break;
-  }
+  fused_tile<CH, T>(src, mid, d, tab, tb, out, t - (int)d[TILE_START], p, dynamic_smem());
 }
 
 #ifndef __CUDACC_RTC__
 // nvcc (the CI compile check) instantiates what NVRTC gets through name expressions.
-template __global__ void fused<unsigned int>(const u8*, const u8*, const i64*, const int*,
-                                             const unsigned int*, const int*, unsigned int*, int);
-template __global__ void fused<unsigned short>(const u8*, const u8*, const i64*, const int*,
-                                               const unsigned short*, const int*,
-                                               unsigned short*, int);
+#define MMWIRE_FUSED(T, CH)                                                                   \
+  template __global__ void fused<T, CH>(const u8*, const u8*, const i64*, const int*, const T*, \
+                                        const int*, T*, int, int);
+MMWIRE_FUSED(unsigned int, 1)
+MMWIRE_FUSED(unsigned int, 3)
+MMWIRE_FUSED(unsigned int, 4)
+MMWIRE_FUSED(unsigned short, 1)
+MMWIRE_FUSED(unsigned short, 3)
+MMWIRE_FUSED(unsigned short, 4)
 #endif

@@ -101,6 +101,7 @@ class HostLauncher:
     def fused(
         self,
         bits: int,
+        channels: int,
         grid: tuple[int, int],
         block: tuple[int, int],
         smem: int,
@@ -112,6 +113,7 @@ class HostLauncher:
         tiles: torch.Tensor,
         out: torch.Tensor,
         patch: int,
+        first_tile: int,
     ) -> None:
         # the block's threads are real threads here: a few, in a shape that does not divide
         # the patch, so every block-stride loop wraps (the GPU runs (p, p))
@@ -128,4 +130,6 @@ class HostLauncher:
             _p(tiles),
             _p(out),
             ctypes.c_int(patch),
+            ctypes.c_int(first_tile),
+            ctypes.c_int(channels),
         )

@@ -113,6 +113,17 @@ def test_layout_tiles_canvases_and_sizes_each_tiles_shared_memory() -> None:
     assert layout_of((down,), (13, 0)).tiles == 0  # resize-only launches have no tiles
 
 
+def test_layout_groups_tiles_by_channels_for_one_launch_each() -> None:
+    rgb = ImageJob(in_w=56, in_h=28, ch=3, out_w=56, out_h=28, patches=8, grid_w=4)
+    gray = ImageJob(in_w=112, in_h=56, ch=1, out_w=112, out_h=56, patches=32, grid_w=8)
+    rgba = ImageJob(in_w=56, in_h=56, ch=4, out_w=56, out_h=56, patches=16, grid_w=4)
+    layout = layout_of((rgb, gray, rgba, rgb), (13, 0), 14)
+    starts = [int(r[FIELDS.index("TILE_START")]) for r in layout.desc]
+    # gray first (2 tiles), then both RGB images (1 each), then RGBA (1)
+    assert layout.tile_groups == ((1, 0, 2), (3, 2, 2), (4, 4, 1))
+    assert starts == [2, 0, 4, 3] and layout.tile_image.tolist() == [1, 1, 0, 3, 2]
+
+
 def test_layout_rejects_impossible_jobs() -> None:
     with pytest.raises(ValueError, match="ch 1, 3 or 4"):
         layout_of((ImageJob(in_w=4, in_h=4, ch=2, out_w=2, out_h=2),))
