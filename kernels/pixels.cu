@@ -402,8 +402,9 @@ __device__ __forceinline__ void fused_tile(const u8* __restrict__ src, const u8*
   const int p1 = (int)d[PASS1], p2 = (int)d[PASS2];
   const i64 first_patch = d[ROW] + (i64)gy0 * gw + gx0;
   const int pp = p * p;
-  if (!tiled) {  // global memory: the source, or resize_pass1's intermediate
-    __syncthreads();  // the block's normalise table is in place
+  // the tile's patches, pixel by pixel: resized(y, x, v) gives a canvas pixel inside the
+  // resized image; the rest is padding (0 before normalising)
+  auto write_tile = [&](auto resized) {
     for (PatchRow k(ty, p, npw); k.ky < nph; k.next(by, p, npw)) {
       T* o = out + (first_patch + (i64)k.ky * gw + k.kx) * 3 * pp;
       const int y = (gy0 + k.ky) * p + k.py;
@@ -412,12 +413,16 @@ __device__ __forceinline__ void fused_tile(const u8* __restrict__ src, const u8*
         int rgb[3] = {0, 0, 0};
         if (y < out_h && x < out_w) {
           int v[4];
-          resized_px<CH>(src, mid, d, tab, y, x, v);
+          resized(y, x, v);
           to_rgb<CH>(d, y, x, v, rgb);
         }
         store_px(o, tb, k.py * p + px, pp, rgb);
       }
     }
+  };
+  if (!tiled) {  // global memory: the source, or resize_pass1's intermediate
+    __syncthreads();  // the block's normalise table is in place
+    write_tile([&](int y, int x, int v[4]) { resized_px<CH>(src, mid, d, tab, y, x, v); });
     return;
   }
   // offsets of the coefficient tables in tab (32-bit: fewer registers than pointers)
@@ -478,28 +483,17 @@ __device__ __forceinline__ void fused_tile(const u8* __restrict__ src, const u8*
     }
   }
   __syncthreads();  // the final pass's source and the block's normalise table are in place
-  for (PatchRow k(ty, p, npw); k.ky < nph; k.next(by, p, npw)) {
-    T* o = out + (first_patch + (i64)k.ky * gw + k.kx) * 3 * pp;
-    const int y = (gy0 + k.ky) * p + k.py;
-    for (int px = tx; px < p; px += bx) {
-      const int x = (gx0 + k.kx) * p + px;
-      int rgb[3] = {0, 0, 0};
-      if (y < out_h && x < out_w) {
-        int v[4];
-        if (p2 == 1) {
-          packed_pass<CH>(fb + (y - oy) * fw + (tab[x_min + x] - ox), 1, tab + x_k + x * x_ks,
-                          tab[x_n + x], v);
-        } else if (p2 == 2) {
-          packed_pass<CH>(fb + (tab[y_min + y] - oy) * fw + (x - ox), fw, tab + y_k + y * y_ks,
-                          tab[y_n + y], v);
-        } else {
-          unpack_px<CH>(fb[(y - oy) * fw + (x - ox)], v);
-        }
-        to_rgb<CH>(d, y, x, v, rgb);
-      }
-      store_px(o, tb, k.py * p + px, pp, rgb);
+  write_tile([&](int y, int x, int v[4]) {
+    if (p2 == 1) {
+      packed_pass<CH>(fb + (y - oy) * fw + (tab[x_min + x] - ox), 1, tab + x_k + x * x_ks,
+                      tab[x_n + x], v);
+    } else if (p2 == 2) {
+      packed_pass<CH>(fb + (tab[y_min + y] - oy) * fw + (x - ox), fw, tab + y_k + y * y_ks,
+                      tab[y_n + y], v);
+    } else {
+      unpack_px<CH>(fb[(y - oy) * fw + (x - ox)], v);
     }
-  }
+  });
 }
 
 // The whole pixel pipeline (after resize_pass1 for images that are not TILED): resize,
