@@ -277,7 +277,7 @@ def layout_of(
         out_rows += job.out_h
         out_width = max(out_width, job.out_w)
         tiles_of.append(tiles_w * tiles_h if patch else 0)
-        tables = np.concatenate(chunks).astype(np.int32) if chunks else np.zeros(1, np.int32)
+    tables = np.concatenate(chunks).astype(np.int32) if chunks else np.zeros(1, np.int32)
     grids = np.array(
         [(1, j.patches // j.grid_w, j.grid_w) if j.patches else (0, 0, 0) for j in jobs],
         np.int64,

@@ -1,8 +1,9 @@
 """The kernels' public operations: Pillow-exact resize and the whole pixel pipeline.
 
 Images are uint8 ``(H, W, C)`` (C = 1, 3 or 4 = RGBA) or ``(H, W)`` CUDA tensors, or CuPy
-arrays (taken through ``__cuda_array_interface__``, no copy). The work of many images of
-different sizes is one or two launches on torch's current stream; results are torch tensors.
+arrays (taken through ``__cuda_array_interface__``, no copy). Many images of different
+sizes share each launch on torch's current stream: one fused launch per channel count (plus
+pass 1 for images too large to tile in shared memory); results are torch tensors.
 """
 
 from __future__ import annotations

@@ -116,7 +116,7 @@ class HostLauncher:
         first_tile: int,
     ) -> None:
         # the block's threads are real threads here: a few, in a shape that does not divide
-        # the patch, so every block-stride loop wraps (the GPU runs (p, p))
+        # the patch, so every block-stride loop wraps (the GPU runs (p, 256 / p))
         assert smem <= 48 * 1024, smem  # the shim's arena
         fn = self._lib.host_fused_u32 if bits == 32 else self._lib.host_fused_u16
         fn(

@@ -109,9 +109,10 @@ def test_cuda_kernels_through_the_global_intermediate_equal_the_cpu_path(
 
 
 def test_cuda_kernels_on_large_downscales_and_mixed_orders(rng: np.random.Generator) -> None:
-    # one launch: 4000x3000 shrunk ~1.9x (2x4-patch tiles) and ~7.7x (its window does not
+    # one call: 4000x3000 shrunk ~1.9x (2x4-patch tiles) and ~7.7x (its window does not
     # fit in shared memory even for one patch, so it takes pass 1), 3000x4000 RGBA ~5.5x
-    # and 6000x300 ~3x (one-patch tiles), 200x9000 vertical first, 640x480 as it is
+    # and 6000x300 ~3x (one-patch tiles), 200x9000 vertical first, 640x480 as it is; three
+    # channel counts, so three fused launches after pass 1
     from kernel_cases import differing, kernels, reference
     from mmwire.kernels import FIELDS, ImageJob, layout_of
     from mmwire.materialize import ProcessorConfig
