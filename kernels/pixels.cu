@@ -1,5 +1,5 @@
 // mmwire pixel kernels: Pillow-exact BICUBIC resize and the fused
-// resize / composite / pad / normalise / patchify of many images in one launch.
+// resize / composite / pad / normalise / patchify of many images per launch.
 //
 // Exactness rules (see materialize/_bicubic.py and materialize/_pipeline.py, which these
 // kernels must equal byte for byte):
@@ -16,12 +16,11 @@
 //   * resize_pass1 / resize_pass2 run one block row per image row (blockIdx.x, over all
 //     images of the launch) and blockIdx.y * blockDim.x + threadIdx.x across it; a block
 //     finds its image by binary search on a running start field.
-//   * fused runs one block per output tile (a few patches) and reads its image from a
-//     per-tile table. The block copies the tile's source window (the resize taps' halo
+//   * fused (compiled per channel count, one launch per channel count present) runs one
+//     block per output tile (a few patches) and reads its image from a per-tile table. The block copies the tile's source window (the resize taps' halo
 //     included) into shared memory with coalesced loads, runs the first of two passes
 //     there into a shared intermediate, and the last pass, composite, normalise and
-//     patchify from it: the whole pipeline is one launch and the intermediate never
-//     reaches global memory. An image whose tile would not fit (TILED = 0) reads global
+//     patchify from it: the intermediate never reaches global memory. An image whose tile would not fit (TILED = 0) reads global
 //     memory instead: its source, or for two passes the intermediate of resize_pass1.
 //     Its loops stride by the block's shape, so any block shape gives the same bytes (the
 //     GPU runs (p, 256 / p), the host build a few threads per block).
