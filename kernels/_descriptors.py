@@ -284,17 +284,19 @@ def layout_of(
     ).reshape(len(jobs), 3)
     # the fused kernel is compiled per channel count: one launch per group of images with
     # the same channels, so each group's tiles are consecutive
-    order = sorted(range(len(jobs)), key=lambda i: jobs[i].ch)  # stable
+    order: list[int] = []
     groups: list[tuple[int, int, int]] = []
     at = 0
-    for i in order:
-        if not groups or groups[-1][0] != jobs[i].ch:
-            groups.append((jobs[i].ch, at, 0))
-        desc[i, _F["TILE_START"]] = at
-        at += tiles_of[i]
-        groups[-1] = (groups[-1][0], groups[-1][1], at - groups[-1][1])
+    for ch in sorted({job.ch for job in jobs}):
+        first = at
+        for i, job in enumerate(jobs):
+            if job.ch == ch:
+                order.append(i)
+                desc[i, _F["TILE_START"]] = at
+                at += tiles_of[i]
+        if at > first:
+            groups.append((ch, first, at - first))
     tile_image = np.repeat(np.array(order, dtype=np.int32), [tiles_of[i] for i in order])
-    tile_groups = tuple(g for g in groups if g[2] > 0)
     for a in (desc, tables, grids, tile_image):
         a.setflags(write=False)
     return Layout(
@@ -312,6 +314,6 @@ def layout_of(
         out_rows=out_rows,
         out_width=out_width,
         tile_image=tile_image,
-        tile_groups=tile_groups,
+        tile_groups=tuple(groups),
         smem_bytes=smem,
     )
