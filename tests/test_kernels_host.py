@@ -44,6 +44,12 @@ def test_descriptor_fields_match_the_cuda_enum() -> None:
     assert pairs[-1] == ("NF", str(len(FIELDS)))
 
 
+def test_fused_block_limit_matches_the_cuda_define() -> None:
+    # the launcher's (p, 256 / p) blocks must stay within the kernel's launch bounds
+    found = re.search(r"#define FUSED_THREADS (\d+)", SOURCE.read_text())
+    assert found is not None and int(found.group(1)) == _ops._FUSED_THREADS
+
+
 def _row(job: ImageJob, pillow: tuple[int, int] = (13, 0)) -> dict[str, int]:
     layout = layout_of((job,), pillow)
     return {name: int(v) for name, v in zip(FIELDS, layout.desc[0])}
