@@ -231,7 +231,7 @@ def preprocess_packed(
             bits,
             channels,
             (count, 1),
-            (p, _FUSED_THREADS // p),
+            _fused_block(p),
             layout.smem_bytes,
             src,
             mid,
@@ -244,6 +244,12 @@ def preprocess_packed(
             first,
         )
     return out, grids.clone()  # callers own their grid_thw
+
+
+def _fused_block(p: int) -> tuple[int, int]:
+    """The fused kernel's block: a thread a pixel pair of a patch row (p even), else a pixel."""
+    across = p // 2 if p % 2 == 0 else p
+    return across, _FUSED_THREADS // across
 
 
 def to_device(rows: Sequence[tuple[int, ...]], device: torch.device) -> torch.Tensor:

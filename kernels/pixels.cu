@@ -17,13 +17,15 @@
 //     images of the launch) and blockIdx.y * blockDim.x + threadIdx.x across it; a block
 //     finds its image by binary search on a running start field.
 //   * fused (compiled per channel count, one launch per channel count present) runs one
-//     block per output tile (a few patches) and reads its image from a per-tile table. The block copies the tile's source window (the resize taps' halo
-//     included) into shared memory with coalesced loads, runs the first of two passes
-//     there into a shared intermediate, and the last pass, composite, normalise and
-//     patchify from it: the intermediate never reaches global memory. An image whose tile would not fit (TILED = 0) reads global
-//     memory instead: its source, or for two passes the intermediate of resize_pass1.
-//     Its loops stride by the block's shape, so any block shape gives the same bytes (the
-//     GPU runs (p, 256 / p), the host build a few threads per block).
+//     block per output tile (a few patches) and reads its image from a per-tile table.
+//     The block copies the tile's source window (the resize taps' halo included) into
+//     shared memory with coalesced loads, runs the first of two passes there into a shared
+//     intermediate, and the last pass, composite, normalise and patchify from it: the
+//     intermediate never reaches global memory. An image whose tile would not fit
+//     (TILED = 0) reads global memory instead: its source, or for two passes the
+//     intermediate of resize_pass1. Its loops stride by the block's shape, so any block
+//     shape gives the same bytes (the GPU runs (p / 2, 256 / (p / 2)) for an even p, a
+//     thread per pixel pair; the host build a few threads per block).
 
 enum Field {
   SRC_OFF = 0,        // byte offset of the image (uint8 HWC) in the source buffer
@@ -288,14 +290,23 @@ __device__ __forceinline__ void packed_pass(const unsigned* m, int step,
   for (int c = 0; c < 4; ++c) out[c] = min(max(acc[c] >> 22, 0), 255);
 }
 
-// One canvas pixel's three normalised values into its patch's planes (o: the patch).
-template <typename T>
-__device__ __forceinline__ void store_px(T* __restrict__ o, const T* tb, int at, int pp,
-                                         const int rgb[3]) {
-  o[at] = tb[rgb[0]];
-  o[pp + at] = tb[256 + rgb[1]];
-  o[2 * pp + at] = tb[512 + rgb[2]];
+// V values of T as one store (o aligned to V elements): with V = 2, 8 bytes for fp32 and 4
+// for the 16-bit types, so a warp writes half as many store instructions.
+template <int V, typename T>
+__device__ __forceinline__ void store_run(T* __restrict__ o, const T (&v)[V]) {
+  if constexpr (V == 1) {
+    o[0] = v[0];
+  } else if constexpr (sizeof(T) == 4) {
+    *(unsigned long long*)o = (unsigned long long)v[0] | ((unsigned long long)v[1] << 32);
+  } else {
+    *(unsigned*)o = (unsigned)v[0] | ((unsigned)v[1] << 16);
+  }
 }
+
+template <int N>
+struct Int {
+  static constexpr int value = N;
+};
 
 #ifndef MMWIRE_HOST_SHIM
 __device__ __forceinline__ unsigned* dynamic_smem() {
@@ -381,8 +392,9 @@ __device__ __forceinline__ void stage_row(const u8* __restrict__ s, int n, bool 
 
 // One tile of one image: patches (gy0 .. gy0 + nph) x (gx0 .. gx0 + npw) of its canvas.
 // sm: the dynamic shared memory, for the tile's window and intermediate when TILED. Every
-// loop strides by the block's shape; the GPU's (p, 256 / p) blocks give each thread a
-// pixel column px of the patch rows it walks, so nothing is divided per pixel.
+// loop strides by the block's shape; the GPU's (p / 2, 256 / (p / 2)) blocks give each
+// thread a pixel pair px, px + 1 of the patch rows it walks, so nothing is divided per
+// pixel and each of the three planes gets one 2-value store.
 template <int CH, typename T>
 __device__ __forceinline__ void fused_tile(const u8* __restrict__ src, const u8* __restrict__ mid,
                                            const i64* d, const int* __restrict__ tab,
@@ -401,22 +413,39 @@ __device__ __forceinline__ void fused_tile(const u8* __restrict__ src, const u8*
   const int p1 = (int)d[PASS1], p2 = (int)d[PASS2];
   const i64 first_patch = d[ROW] + (i64)gy0 * gw + gx0;
   const int pp = p * p;
-  // the tile's patches, pixel by pixel: resized(y, x, v) gives a canvas pixel inside the
-  // resized image; the rest is padding (0 before normalising)
-  auto write_tile = [&](auto resized) {
+  // the tile's patches, V pixels of a patch row at a time (V = 2 when p is even; an odd p
+  // goes pixel by pixel): resized(y, x, v) gives a canvas pixel inside the resized image;
+  // the rest is padding (0 before normalising)
+  auto write_runs = [&](auto run, auto resized) {
+    constexpr int V = decltype(run)::value;
     for (PatchRow k(ty, p, npw); k.ky < nph; k.next(by, p, npw)) {
-      T* o = out + (first_patch + (i64)k.ky * gw + k.kx) * 3 * pp;
+      T* o = out + (first_patch + (i64)k.ky * gw + k.kx) * 3 * pp + k.py * p;
       const int y = (gy0 + k.ky) * p + k.py;
-      for (int px = tx; px < p; px += bx) {
-        const int x = (gx0 + k.kx) * p + px;
-        int rgb[3] = {0, 0, 0};
-        if (y < out_h && x < out_w) {
-          int v[4];
-          resized(y, x, v);
-          to_rgb<CH>(d, y, x, v, rgb);
+      const int xp = (gx0 + k.kx) * p;
+      for (int px = tx * V; px < p; px += bx * V) {
+        T r[3][V];
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+          const int x = xp + px + i;
+          int rgb[3] = {0, 0, 0};
+          if (y < out_h && x < out_w) {
+            int v[4];
+            resized(y, x, v);
+            to_rgb<CH>(d, y, x, v, rgb);
+          }
+#pragma unroll
+          for (int c = 0; c < 3; ++c) r[c][i] = tb[256 * c + rgb[c]];
         }
-        store_px(o, tb, k.py * p + px, pp, rgb);
+#pragma unroll
+        for (int c = 0; c < 3; ++c) store_run<V>(o + c * pp + px, r[c]);
       }
+    }
+  };
+  auto write_tile = [&](auto resized) {
+    if ((p & 1) == 0) {
+      write_runs(Int<2>(), resized);
+    } else {
+      write_runs(Int<1>(), resized);
     }
   };
   if (!tiled) {  // global memory: the source, or resize_pass1's intermediate
@@ -482,23 +511,27 @@ __device__ __forceinline__ void fused_tile(const u8* __restrict__ src, const u8*
     }
   }
   __syncthreads();  // the final pass's source and the block's normalise table are in place
-  write_tile([&](int y, int x, int v[4]) {
-    if (p2 == 1) {
+  // the final pass, one loop per kind (nothing is decided per pixel)
+  if (p2 == 1) {
+    write_tile([&](int y, int x, int v[4]) {
       packed_pass<CH>(fb + (y - oy) * fw + (tab[x_min + x] - ox), 1, tab + x_k + x * x_ks,
                       tab[x_n + x], v);
-    } else if (p2 == 2) {
+    });
+  } else if (p2 == 2) {
+    write_tile([&](int y, int x, int v[4]) {
       packed_pass<CH>(fb + (tab[y_min + y] - oy) * fw + (x - ox), fw, tab + y_k + y * y_ks,
                       tab[y_n + y], v);
-    } else {
-      unpack_px<CH>(fb[(y - oy) * fw + (x - ox)], v);
-    }
-  });
+    });
+  } else {
+    write_tile([&](int y, int x, int v[4]) { unpack_px<CH>(fb[(y - oy) * fw + (x - ox)], v); });
+  }
 }
 
 // The whole pixel pipeline (after resize_pass1 for images that are not TILED): resize,
 // composite, zero pad, normalise and patchify into (sum patches, 3, p, p). Grid: one block
 // per tile, one launch per channel count (tile_image names each tile's image; this launch's
-// tiles start at first_tile); any block shape, (p, 256 / p) on the GPU.
+// tiles start at first_tile); any block shape, (p / 2, 256 / (p / 2)) on the GPU for an
+// even p, (p, 256 / p) for an odd one.
 // Dynamic shared memory: the largest TILED window plus intermediate of the launch, 4 bytes
 // a pixel. T is the output's bit pattern (32 or 16 bits).
 // Blocks have at most FUSED_THREADS threads; asking for FUSED_MIN_BLOCKS resident blocks a

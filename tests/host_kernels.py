@@ -28,6 +28,7 @@ def build(out_dir: Path) -> Path:
             "-std=c++20",
             "-pthread",
             "-ffp-contract=off",
+            "-fno-strict-aliasing",  # store_run writes two 16-bit values as one word
             "-Wall",
             "-Wno-unknown-pragmas",
             "-Werror",
@@ -116,7 +117,7 @@ class HostLauncher:
         first_tile: int,
     ) -> None:
         # the block's threads are real threads here: a few, in a shape that does not divide
-        # the patch, so every block-stride loop wraps (the GPU runs (p, 256 / p))
+        # the patch, so every block-stride loop wraps (the GPU runs (p / 2, 256 / (p / 2)))
         assert smem <= 48 * 1024, smem  # the shim's arena
         fn = self._lib.host_fused_u32 if bits == 32 else self._lib.host_fused_u16
         fn(

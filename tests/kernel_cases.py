@@ -25,6 +25,8 @@ CLIP = ProcessorConfig(
     image_mean=(0.48145466, 0.4578275, 0.40821073),
     image_std=(0.26862954, 0.26130258, 0.27577711),
 )
+ODD_PATCH = ProcessorConfig(patch_size=15, in_patch_limit=40)  # the kernel's pixel-by-pixel path
+ODD_PATCH_K3 = ProcessorConfig(patch_size=15, in_patch_limit=40, background=K3_BACKGROUND)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _BYTES = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 
@@ -61,6 +63,13 @@ def case(name: str, rng: np.random.Generator) -> Items:
             (u8(33, 47, 1), SMALL),
             (u8(200, 61, 3), SMALL),
         ]
+    if name == "odd_patch":  # p = 15: no pixel pairs, every store on its own
+        return [
+            (u8(130, 170, 3), ODD_PATCH),
+            (_rgba(rng, 90, 233), ODD_PATCH_K3),
+            (u8(61, 47, 1), ODD_PATCH),
+            (u8(40, 31, 3), ODD_PATCH),
+        ]
     raise KeyError(name)
 
 
@@ -72,6 +81,7 @@ CASES = (
     "pass_order_flip",
     "tiny_and_extreme",
     "mixed_configs",
+    "odd_patch",
 )
 
 

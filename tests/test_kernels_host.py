@@ -45,9 +45,13 @@ def test_descriptor_fields_match_the_cuda_enum() -> None:
 
 
 def test_fused_block_limit_matches_the_cuda_define() -> None:
-    # the launcher's (p, 256 / p) blocks must stay within the kernel's launch bounds
+    # the launcher's blocks must stay within the kernel's launch bounds
     found = re.search(r"#define FUSED_THREADS (\d+)", SOURCE.read_text())
     assert found is not None and int(found.group(1)) == _ops._FUSED_THREADS
+    for p in (1, 2, 7, 14, 15, 16, 28, 256):
+        across, down = _ops._fused_block(p)
+        assert across * down <= _ops._FUSED_THREADS and down >= 1
+        assert across == (p // 2 if p % 2 == 0 else p)  # a pixel pair a thread when p is even
 
 
 def _row(job: ImageJob, pillow: tuple[int, int] = (13, 0)) -> dict[str, int]:
