@@ -112,8 +112,9 @@ class Layout:
     out_width: int
     tile_image: np.ndarray[Any, np.dtype[np.int32]]
     """The image of each tile of the fused launches (tiles of one image are consecutive)."""
-    tile_groups: tuple[tuple[int, int, int], ...]
-    """One fused launch per channel count: ``(channels, first tile, tiles)``."""
+    tile_groups: tuple[tuple[int, bool, int, int], ...]
+    """One fused launch per channel count and kind: ``(channels, plain, first tile, tiles)``;
+    plain launches hold only unresized TILED images (a kernel without the resize code)."""
     smem_bytes: int
     """Dynamic shared memory of the fused launch: the largest TILED window + intermediate."""
 
@@ -282,20 +283,25 @@ def layout_of(
         [(1, j.patches // j.grid_w, j.grid_w) if j.patches else (0, 0, 0) for j in jobs],
         np.int64,
     ).reshape(len(jobs), 3)
-    # the fused kernel is compiled per channel count: one launch per group of images with
-    # the same channels, so each group's tiles are consecutive
+    # the fused kernel is compiled per channel count, with and without the resize code: one
+    # launch per group of images with the same channels and kind, so a group's tiles are
+    # consecutive
+    plain = [
+        bool(r[_F["TILED"]] and r[_F["PASS1"]] == _NONE and r[_F["PASS2"]] == _NONE) for r in desc
+    ]
     order: list[int] = []
-    groups: list[tuple[int, int, int]] = []
+    groups: list[tuple[int, bool, int, int]] = []
     at = 0
     for ch in sorted({job.ch for job in jobs}):
-        first = at
-        for i, job in enumerate(jobs):
-            if job.ch == ch:
-                order.append(i)
-                desc[i, _F["TILE_START"]] = at
-                at += tiles_of[i]
-        if at > first:
-            groups.append((ch, first, at - first))
+        for kind in (False, True):
+            first = at
+            for i, job in enumerate(jobs):
+                if job.ch == ch and plain[i] == kind:
+                    order.append(i)
+                    desc[i, _F["TILE_START"]] = at
+                    at += tiles_of[i]
+            if at > first:
+                groups.append((ch, kind, first, at - first))
     tile_image = np.repeat(np.array(order, dtype=np.int32), [tiles_of[i] for i in order])
     for a in (desc, tables, grids, tile_image):
         a.setflags(write=False)

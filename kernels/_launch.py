@@ -20,9 +20,10 @@ __all__ = ["SOURCE", "CupyLauncher", "Launcher"]
 
 SOURCE = Path(__file__).with_name("pixels.cu")
 _FUSED = {
-    (bits, ch): f"fused<{t}, {ch}>"
+    (bits, ch, plain): f"fused<{t}, {ch}, {'true' if plain else 'false'}>"
     for bits, t in ((32, "unsigned int"), (16, "unsigned short"))
     for ch in (1, 3, 4)
+    for plain in (False, True)
 }
 
 
@@ -61,6 +62,7 @@ class Launcher(Protocol):
         self,
         bits: int,
         channels: int,
+        plain: bool,
         grid: Dims,
         block: Dims,
         smem: int,
@@ -75,7 +77,8 @@ class Launcher(Protocol):
         first_tile: int,
     ) -> None:
         """Resize (or its last pass), composite, pad, normalise and patchify, per tile, for
-        the tiles ``first_tile ..`` of images with ``channels`` channels."""
+        the tiles ``first_tile ..`` of images with ``channels`` channels (``plain``: all
+        unresized and TILED, for the kernel compiled without the resize code)."""
 
 
 @cache
@@ -179,6 +182,7 @@ class CupyLauncher:
         self,
         bits: int,
         channels: int,
+        plain: bool,
         grid: Dims,
         block: Dims,
         smem: int,
@@ -193,7 +197,7 @@ class CupyLauncher:
         first_tile: int,
     ) -> None:
         args = (src, mid, desc, tab, table, tiles, out, np.int32(patch), np.int32(first_tile))
-        self._launch(_FUSED[bits, channels], grid, block, args, smem)
+        self._launch(_FUSED[bits, channels, plain], grid, block, args, smem)
 
 
 def _arg(a: Any) -> Any:

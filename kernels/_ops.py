@@ -2,8 +2,9 @@
 
 Images are uint8 ``(H, W, C)`` (C = 1, 3 or 4 = RGBA) or ``(H, W)`` CUDA tensors, or CuPy
 arrays (taken through ``__cuda_array_interface__``, no copy). Many images of different
-sizes share each launch on torch's current stream: one fused launch per channel count (plus
-pass 1 for images too large to tile in shared memory); results are torch tensors.
+sizes share each launch on torch's current stream: one fused launch per channel count and
+kind (unresized images go to a kernel without the resize code), plus pass 1 for images too
+large to tile in shared memory; results are torch tensors.
 """
 
 from __future__ import annotations
@@ -226,13 +227,14 @@ def preprocess_packed(
     # pass 1 only for two-pass images whose tiles do not keep the intermediate on chip
     run.pass1(*_row_grid(layout.mid_rows, layout.mid_width), src, mid, desc, tab, len(jobs))
     bits = _BITS[dtype]
-    for channels, first, count in layout.tile_groups:  # one launch per channel count
+    for channels, plain, first, count in layout.tile_groups:  # per channel count and kind
         run.fused(
             bits,
             channels,
+            plain,
             (count, 1),
             _fused_block(p),
-            layout.smem_bytes,
+            0 if plain else layout.smem_bytes,  # plain tiles read the source where they use it
             src,
             mid,
             desc,

@@ -16,9 +16,10 @@
 //   * resize_pass1 / resize_pass2 run one block row per image row (blockIdx.x, over all
 //     images of the launch) and blockIdx.y * blockDim.x + threadIdx.x across it; a block
 //     finds its image by binary search on a running start field.
-//   * fused (compiled per channel count, one launch per channel count present) runs one
-//     block per output tile (a few patches) and reads its image from a per-tile table.
-//     The block copies the tile's source window (the resize taps' halo included) into
+//   * fused (compiled per channel count and PLAIN or not, one launch per pair present) runs
+//     one block per output tile (a few patches) and reads its image from a per-tile table.
+//     PLAIN tiles (unresized) read each pixel run straight from the source, with word
+//     loads, and write each plane's run in one store. Otherwise the block copies the tile's source window (the resize taps' halo included) into
 //     shared memory with coalesced loads, runs the first of two passes there into a shared
 //     intermediate, and the last pass, composite, normalise and patchify from it: the
 //     intermediate never reaches global memory. An image whose tile would not fit
@@ -317,22 +318,27 @@ __device__ __forceinline__ unsigned* dynamic_smem() {
 
 // A row of one patch of a tile: patch (ky, kx), pixel row py. A thread walks the tile's
 // patch rows (patch-major) from its first, `step` rows at a time, so a block of any height
-// keeps all its threads busy without dividing per row.
+// keeps all its threads busy; the step is split once into whole patches and rows, so a move
+// divides nothing and wraps at most a row of patches at a time.
 struct PatchRow {
-  int ky, kx, py;
-  __device__ __forceinline__ PatchRow(int first, int p, int npw) : ky(0), kx(0), py(0) {
-    next(first, p, npw);
+  int ky, kx, py, dk, dp;
+  __device__ __forceinline__ PatchRow(int first, int step, int p, int npw)
+      : ky(0), kx(0), py(0), dk(step / p), dp(step - step / p * p) {
+    advance(first / p, first - first / p * p, p, npw);
   }
-  __device__ __forceinline__ void next(int step, int p, int npw) {
-    py += step;
-    while (py >= p) {
+  __device__ __forceinline__ void advance(int patches, int rows, int p, int npw) {
+    py += rows;
+    if (py >= p) {
       py -= p;
-      if (++kx == npw) {
-        kx = 0;
-        ++ky;
-      }
+      ++patches;
+    }
+    kx += patches;
+    while (kx >= npw) {
+      kx -= npw;
+      ++ky;
     }
   }
+  __device__ __forceinline__ void next(int p, int npw) { advance(dk, dp, p, npw); }
 };
 
 // Bytes p .. p + 4 * W as W words, from aligned word loads that touch only words holding
@@ -390,12 +396,75 @@ __device__ __forceinline__ void stage_row(const u8* __restrict__ s, int n, bool 
   }
 }
 
+// NB <= 8 bytes at p as two words (bytes past NB undefined), from the aligned words that
+// hold at least one of them (as load_words: nothing unmapped, nothing past the last byte's).
+template <int NB>
+__device__ __forceinline__ void load_bytes(const u8* p, unsigned (&out)[2]) {
+  const unsigned long long at = (unsigned long long)p;
+  const unsigned* w = (const unsigned*)(at & ~3ull);
+  const unsigned skew = (unsigned)(at & 3ull);
+  const unsigned words = (skew + NB + 3) >> 2;  // 1 .. 3
+  const unsigned a0 = __ldg(w);
+  const unsigned a1 = words > 1 ? __ldg(w + 1) : 0u;
+  const unsigned a2 = words > 2 ? __ldg(w + 2) : 0u;
+  out[0] = __funnelshift_r(a0, a1, 8 * skew);
+  out[1] = __funnelshift_r(a1, a2, 8 * skew);
+}
+
+// An unresized tile straight from the source (no window, no barrier after the table): a
+// thread takes runs of V pixels of the patch rows it walks, loads each run's bytes with a
+// few word loads and writes each plane's V values in one store. s0 and o0 are the tile's
+// first source pixel and first patch; (vh, vw) the part of the tile inside the image.
+template <int CH, int V, typename T>
+__device__ __forceinline__ void plain_runs(const u8* __restrict__ s0, i64 row, const i64* d,
+                                           const T* tb, T* __restrict__ o0, int p, int gw,
+                                           int nph, int npw, int vh, int vw, int y0, int x0) {
+  const int tx = threadIdx.x, ty = threadIdx.y, bx = blockDim.x, by = blockDim.y;
+  const int pp = p * p;
+  for (PatchRow k(ty, by, p, npw); k.ky < nph; k.next(p, npw)) {
+    const int ry = k.ky * p + k.py, cx = k.kx * p;  // the row and first column in the tile
+    T* o = o0 + ((k.ky * gw + k.kx) * 3 * pp + k.py * p);
+    const u8* s = s0 + (i64)ry * row + cx * CH;
+    for (int px = tx * V; px < p; px += bx * V) {
+      const int n = ry < vh ? min(V, vw - cx - px) : 0;  // pixels of the run in the image
+      int v[V][4];
+      if (n == V) {
+        unsigned w[2];
+        load_bytes<V * CH>(s + px * CH, w);
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            const int b = i * CH + c;
+            v[i][c] = c < CH ? (int)((w[b >> 2] >> (8 * (b & 3))) & 255u) : 0;
+          }
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+          if (i < n) load_px<CH>(s + (px + i) * CH, false, v[i]);
+        }
+      }
+      T r[3][V];
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        int rgb[3] = {0, 0, 0};
+        if (i < n) to_rgb<CH>(d, y0 + ry, x0 + cx + px + i, v[i], rgb);
+#pragma unroll
+        for (int c = 0; c < 3; ++c) r[c][i] = tb[256 * c + rgb[c]];
+      }
+#pragma unroll
+      for (int c = 0; c < 3; ++c) store_run<V>(o + c * pp + px, r[c]);
+    }
+  }
+}
+
 // One tile of one image: patches (gy0 .. gy0 + nph) x (gx0 .. gx0 + npw) of its canvas.
 // sm: the dynamic shared memory, for the tile's window and intermediate when TILED. Every
 // loop strides by the block's shape; the GPU's (p / 2, 256 / (p / 2)) blocks give each
 // thread a pixel pair px, px + 1 of the patch rows it walks, so nothing is divided per
 // pixel and each of the three planes gets one 2-value store.
-template <int CH, typename T>
+template <int CH, bool PLAIN, typename T>
 __device__ __forceinline__ void fused_tile(const u8* __restrict__ src, const u8* __restrict__ mid,
                                            const i64* d, const int* __restrict__ tab,
                                            const T* tb, T* __restrict__ out, int tile, int p,
@@ -418,7 +487,7 @@ __device__ __forceinline__ void fused_tile(const u8* __restrict__ src, const u8*
   // the rest is padding (0 before normalising)
   auto write_runs = [&](auto run, auto resized) {
     constexpr int V = decltype(run)::value;
-    for (PatchRow k(ty, p, npw); k.ky < nph; k.next(by, p, npw)) {
+    for (PatchRow k(ty, by, p, npw); k.ky < nph; k.next(p, npw)) {
       T* o = out + (first_patch + (i64)k.ky * gw + k.kx) * 3 * pp + k.py * p;
       const int y = (gy0 + k.ky) * p + k.py;
       const int xp = (gx0 + k.kx) * p;
@@ -448,6 +517,18 @@ __device__ __forceinline__ void fused_tile(const u8* __restrict__ src, const u8*
       write_runs(Int<1>(), resized);
     }
   };
+  if constexpr (PLAIN) {  // unresized (the host groups these tiles): no window
+    const i64 row = d[IN_W] * CH;
+    const u8* s0 = src + d[SRC_OFF] + (i64)y0 * row + (i64)x0 * CH;
+    T* o0 = out + first_patch * 3 * pp;
+    __syncthreads();  // the block's normalise table is in place
+    if ((p & 1) == 0) {
+      plain_runs<CH, 2>(s0, row, d, tb, o0, p, gw, nph, npw, vy1 - y0, vx1 - x0, y0, x0);
+    } else {
+      plain_runs<CH, 1>(s0, row, d, tb, o0, p, gw, nph, npw, vy1 - y0, vx1 - x0, y0, x0);
+    }
+    return;
+  }
   if (!tiled) {  // global memory: the source, or resize_pass1's intermediate
     __syncthreads();  // the block's normalise table is in place
     write_tile([&](int y, int x, int v[4]) { resized_px<CH>(src, mid, d, tab, y, x, v); });
@@ -537,10 +618,13 @@ __device__ __forceinline__ void fused_tile(const u8* __restrict__ src, const u8*
 // Blocks have at most FUSED_THREADS threads; asking for FUSED_MIN_BLOCKS resident blocks a
 // multiprocessor caps the registers, and the occupancy that buys matters more than the few
 // values the compiler then keeps in local memory (the H200 A/B in bench/results).
+// PLAIN (unresized tiles only) has no resize code and no window: fewer registers buy more
+// resident blocks to hide its loads behind.
 #define FUSED_THREADS 256
 #define FUSED_MIN_BLOCKS 5
-template <typename T, int CH>
-__global__ void __launch_bounds__(FUSED_THREADS, FUSED_MIN_BLOCKS)
+#define FUSED_PLAIN_MIN_BLOCKS 8
+template <typename T, int CH, bool PLAIN>
+__global__ void __launch_bounds__(FUSED_THREADS, PLAIN ? FUSED_PLAIN_MIN_BLOCKS : FUSED_MIN_BLOCKS)
     fused(const u8* __restrict__ src, const u8* __restrict__ mid, const i64* __restrict__ desc,
           const int* __restrict__ tab, const T* __restrict__ table,
           const int* __restrict__ tile_image, T* __restrict__ out, int p, int first_tile) {
@@ -553,18 +637,19 @@ __global__ void __launch_bounds__(FUSED_THREADS, FUSED_MIN_BLOCKS)
   for (int i = tid; i < NF; i += nt) d[i] = desc[image * NF + i];
   __syncthreads();
   for (int i = tid; i < 3 * 256; i += nt) tb[i] = table[d[TABLE] + i];
-  fused_tile<CH, T>(src, mid, d, tab, tb, out, t - (int)d[TILE_START], p, dynamic_smem());
+  fused_tile<CH, PLAIN, T>(src, mid, d, tab, tb, out, t - (int)d[TILE_START], p, dynamic_smem());
 }
 
 #ifndef __CUDACC_RTC__
 // nvcc (the CI compile check) instantiates what NVRTC gets through name expressions.
-#define MMWIRE_FUSED(T, CH)                                                                   \
-  template __global__ void fused<T, CH>(const u8*, const u8*, const i64*, const int*, const T*, \
-                                        const int*, T*, int, int);
-MMWIRE_FUSED(unsigned int, 1)
-MMWIRE_FUSED(unsigned int, 3)
-MMWIRE_FUSED(unsigned int, 4)
-MMWIRE_FUSED(unsigned short, 1)
-MMWIRE_FUSED(unsigned short, 3)
-MMWIRE_FUSED(unsigned short, 4)
+#define MMWIRE_FUSED(T, CH, PLAIN)                                                   \
+  template __global__ void fused<T, CH, PLAIN>(const u8*, const u8*, const i64*, const int*, \
+                                               const T*, const int*, T*, int, int);
+#define MMWIRE_FUSED_BOTH(T, CH) MMWIRE_FUSED(T, CH, false) MMWIRE_FUSED(T, CH, true)
+MMWIRE_FUSED_BOTH(unsigned int, 1)
+MMWIRE_FUSED_BOTH(unsigned int, 3)
+MMWIRE_FUSED_BOTH(unsigned int, 4)
+MMWIRE_FUSED_BOTH(unsigned short, 1)
+MMWIRE_FUSED_BOTH(unsigned short, 3)
+MMWIRE_FUSED_BOTH(unsigned short, 4)
 #endif

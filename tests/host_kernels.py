@@ -103,6 +103,7 @@ class HostLauncher:
         self,
         bits: int,
         channels: int,
+        plain: bool,
         grid: tuple[int, int],
         block: tuple[int, int],
         smem: int,
@@ -133,4 +134,5 @@ class HostLauncher:
             ctypes.c_int(patch),
             ctypes.c_int(first_tile),
             ctypes.c_int(channels),
+            ctypes.c_int(int(plain)),
         )

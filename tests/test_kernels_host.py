@@ -129,9 +129,17 @@ def test_layout_groups_tiles_by_channels_for_one_launch_each() -> None:
     rgba = ImageJob(in_w=56, in_h=56, ch=4, out_w=56, out_h=56, patches=16, grid_w=4)
     layout = layout_of((rgb, gray, rgba, rgb), (13, 0), 14)
     starts = [int(r[FIELDS.index("TILE_START")]) for r in layout.desc]
-    # gray first (2 tiles), then both RGB images (1 each), then RGBA (1)
-    assert layout.tile_groups == ((1, 0, 2), (3, 2, 2), (4, 4, 1))
+    # gray first (2 tiles), then both RGB images (1 each), then RGBA (1); all unresized and
+    # tiled, so each goes to the plain kernel
+    assert layout.tile_groups == ((1, True, 0, 2), (3, True, 2, 2), (4, True, 4, 1))
     assert starts == [2, 0, 4, 3] and layout.tile_image.tolist() == [1, 1, 0, 3, 2]
+    # a resized RGB image: its own launch of the general kernel, before the plain one
+    down = ImageJob(in_w=80, in_h=40, ch=3, out_w=56, out_h=28, patches=8, grid_w=4)
+    mixed = layout_of((rgb, down, rgb), (13, 0), 14)
+    assert mixed.tile_groups == ((3, False, 0, 1), (3, True, 1, 2))
+    assert mixed.tile_image.tolist() == [1, 0, 2]
+    # untiled (no shared memory): the general kernel reads global memory, a patch a tile
+    assert layout_of((rgb,), (13, 0), 14, 0).tile_groups == ((3, False, 0, 8),)
 
 
 def test_layout_rejects_impossible_jobs() -> None:

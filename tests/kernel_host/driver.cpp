@@ -58,24 +58,27 @@ extern "C" void host_pass2(const unsigned* grid, const unsigned* block, const u8
 template <typename T>
 static void fused_any(const unsigned* grid, const unsigned* block, const u8* src, const u8* mid,
                       const i64* desc, const int* tab, const T* table, const int* tiles, T* out,
-                      int p, int first, int ch) {
+                      int p, int first, int ch, int plain) {
   run_threads(grid, block, [&] {
-    if (ch == 1) fused<T, 1>(src, mid, desc, tab, table, tiles, out, p, first);
-    if (ch == 3) fused<T, 3>(src, mid, desc, tab, table, tiles, out, p, first);
-    if (ch == 4) fused<T, 4>(src, mid, desc, tab, table, tiles, out, p, first);
+    if (ch == 1 && !plain) fused<T, 1, false>(src, mid, desc, tab, table, tiles, out, p, first);
+    if (ch == 3 && !plain) fused<T, 3, false>(src, mid, desc, tab, table, tiles, out, p, first);
+    if (ch == 4 && !plain) fused<T, 4, false>(src, mid, desc, tab, table, tiles, out, p, first);
+    if (ch == 1 && plain) fused<T, 1, true>(src, mid, desc, tab, table, tiles, out, p, first);
+    if (ch == 3 && plain) fused<T, 3, true>(src, mid, desc, tab, table, tiles, out, p, first);
+    if (ch == 4 && plain) fused<T, 4, true>(src, mid, desc, tab, table, tiles, out, p, first);
   });
 }
 
 extern "C" void host_fused_u32(const unsigned* grid, const unsigned* block, const u8* src,
                                const u8* mid, const i64* desc, const int* tab,
                                const unsigned int* table, const int* tiles, unsigned int* out,
-                               int p, int first, int ch) {
-  fused_any(grid, block, src, mid, desc, tab, table, tiles, out, p, first, ch);
+                               int p, int first, int ch, int plain) {
+  fused_any(grid, block, src, mid, desc, tab, table, tiles, out, p, first, ch, plain);
 }
 
 extern "C" void host_fused_u16(const unsigned* grid, const unsigned* block, const u8* src,
                                const u8* mid, const i64* desc, const int* tab,
                                const unsigned short* table, const int* tiles,
-                               unsigned short* out, int p, int first, int ch) {
-  fused_any(grid, block, src, mid, desc, tab, table, tiles, out, p, first, ch);
+                               unsigned short* out, int p, int first, int ch, int plain) {
+  fused_any(grid, block, src, mid, desc, tab, table, tiles, out, p, first, ch, plain);
 }
