@@ -629,14 +629,19 @@ __global__ void __launch_bounds__(FUSED_THREADS, PLAIN ? FUSED_PLAIN_MIN_BLOCKS 
           const int* __restrict__ tab, const T* __restrict__ table,
           const int* __restrict__ tile_image, T* __restrict__ out, int p, int first_tile) {
   __shared__ i64 d[NF];
-  __shared__ T tb[3 * 256];
+  __shared__ __align__(8) T tb[3 * 256];
   const int tid = threadIdx.y * blockDim.x + threadIdx.x;
   const int nt = blockDim.x * blockDim.y;
   const int t = first_tile + (int)blockIdx.x;
   const i64 image = tile_image[t];
+#pragma unroll 1
   for (int i = tid; i < NF; i += nt) d[i] = desc[image * NF + i];
   __syncthreads();
-  for (int i = tid; i < 3 * 256; i += nt) tb[i] = table[d[TABLE] + i];
+  // the table as 8-byte words (each image's table starts at a multiple of 768 values)
+  typedef unsigned long long u64;
+  const u64* tw = (const u64*)(table + d[TABLE]);
+#pragma unroll 1
+  for (int i = tid; i < (int)(3 * 256 * sizeof(T) / 8); i += nt) ((u64*)tb)[i] = tw[i];
   fused_tile<CH, PLAIN, T>(src, mid, d, tab, tb, out, t - (int)d[TILE_START], p, dynamic_smem());
 }
 

@@ -16,6 +16,7 @@
 #define __restrict__ __restrict
 #define __shared__ static  // one block at a time, so one copy serves the block's threads
 #define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
 
 struct mmwire_dim { unsigned x, y, z; };
 static mmwire_dim blockIdx = {0, 0, 0}, blockDim = {1, 1, 1}, gridDim = {1, 1, 1};
