@@ -130,29 +130,65 @@ def _spans(c: Any, size: int, step: int) -> int:
     return int((c.xmin[last] + c.n[last] - c.xmin[first]).max())
 
 
-def _tile_bytes(job: ImageJob, passes: tuple[int, int], tile: tuple[int, int], patch: int) -> int:
-    """Shared memory of the largest tile of ``job``: its source window and intermediate."""
+def _tile_window(
+    job: ImageJob, passes: tuple[int, int], tile: tuple[int, int], patch: int
+) -> tuple[int, int, int, int]:
+    """The largest tile's output rows and columns and the source rows and columns it reads."""
     rows, cols = min(tile[0] * patch, job.out_h), min(tile[1] * patch, job.out_w)
     win_rows = win_cols = 0
     if _VERTICAL in passes:
         win_rows = _spans(bicubic_coefficients(job.in_h, job.out_h), job.out_h, rows)
     if _HORIZONTAL in passes:
         win_cols = _spans(bicubic_coefficients(job.in_w, job.out_w), job.out_w, cols)
-    window = (win_rows or rows) * (win_cols or cols)
+    return rows, cols, win_rows or rows, win_cols or cols
+
+
+def _tile_bytes(job: ImageJob, passes: tuple[int, int], tile: tuple[int, int], patch: int) -> int:
+    """Shared memory of the largest tile of ``job``: its source window and intermediate."""
+    rows, cols, win_rows, win_cols = _tile_window(job, passes, tile, patch)
     inter = {_HORIZONTAL: win_rows * cols, _VERTICAL: rows * win_cols}.get(passes[0], 0)
-    return 4 * (window + inter)
+    return 4 * (win_rows * win_cols + inter)
+
+
+_TAP_PASS_COST = 8
+"""About how many staged pixels one resized pixel of a pass costs (its taps' multiply-adds)."""
+
+
+def _tile_cost(job: ImageJob, passes: tuple[int, int], tile: tuple[int, int], patch: int) -> float:
+    """Work per output pixel of a tile: its pass outputs (the first pass also makes the halo
+    rows or columns the last one reads) and its staged window."""
+    rows, cols, win_rows, win_cols = _tile_window(job, passes, tile, patch)
+    first = {_HORIZONTAL: win_rows * cols, _VERTICAL: rows * win_cols}.get(passes[0], 0)
+    last = rows * cols if passes[1] != _NONE else 0
+    return (_TAP_PASS_COST * (first + last) + win_rows * win_cols) / (rows * cols)
+
+
+def _tile_shapes(most: int) -> list[list[tuple[int, int]]]:
+    """Tile shapes (patches down, across) by area, largest first, from ``most`` patches down
+    to one, each no more than 2:1 (8 x 2 tiles lost to 4 x 4 on the H200)."""
+    levels = []
+    area = 1 << (max(most, 1).bit_length() - 1)
+    while area >= 1:
+        shapes = [(a, area // a) for a in range(1, area + 1) if area % a == 0]
+        levels.append([(a, b) for a, b in shapes if max(a, b) <= 2 * min(a, b)])
+        area //= 2
+    return levels
 
 
 def _tile_for(
     job: ImageJob, passes: tuple[int, int], patch: int, budget: int
 ) -> tuple[int, int, int] | None:
-    """The largest tile (patches down, across) whose shared memory fits, and its bytes."""
+    """The tile (patches down, across) whose shared memory fits: of the largest area that
+    fits, the shape with the least work per pixel (an image resized rows first gets taller
+    tiles, so its first pass makes fewer halo rows); and its bytes."""
     th, tw = max(1, TILE_PIXELS[0] // patch), max(1, TILE_PIXELS[1] // patch)
-    for tile in dict.fromkeys(
-        [(th, tw), (max(1, th // 2), tw), (max(1, th // 2), max(1, tw // 2)), (1, 1)]
-    ):
-        need = _tile_bytes(job, passes, tile, patch)
-        if need <= budget:
+    for shapes in _tile_shapes(th * tw):
+        fits = [(t, _tile_bytes(job, passes, t, patch)) for t in shapes]
+        fits = [(t, need) for t, need in fits if need <= budget]
+        if fits:
+            tile, need = min(
+                fits, key=lambda f: (_tile_cost(job, passes, f[0], patch), f[0] != (th, tw))
+            )
             return (*tile, need)
     return None
 

@@ -112,15 +112,33 @@ def test_layout_tiles_canvases_and_sizes_each_tiles_shared_memory() -> None:
 
     rows, cols = span(cy, 168, 56), span(cx, 280, 56)
     assert layout.smem_bytes == 4 * (rows * cols + rows * 56)
-    # less room: smaller tiles (half as many patch rows), then global memory and pass 1
+    # less room: 8-patch tiles, the taller of the two (its first pass, along rows, makes
+    # fewer halo rows); then global memory and pass 1
     smaller = layout_of((down, same), (13, 0), 14, layout.smem_bytes - 1)
     row = dict(zip(FIELDS, smaller.desc[0]))
-    assert (row["TILED"], row["TILE_PH"], row["TILE_PW"]) == (1, 2, 4)
-    assert smaller.tiles == 6 * 5 + 1 and smaller.mid_bytes == 0
+    assert (row["TILED"], row["TILE_PH"], row["TILE_PW"]) == (1, 4, 2)
+    assert smaller.tiles == 3 * 10 + 1 and smaller.mid_bytes == 0
     spilled = layout_of((down, same), (13, 0), 14, 4 * 14 * 14 - 1)
     assert [int(r[FIELDS.index("TILED")]) for r in spilled.desc] == [0, 0]
     assert spilled.mid_bytes == 280 * 200 * 3  # pass 1 writes the global intermediate
     assert layout_of((down,), (13, 0)).tiles == 0  # resize-only launches have no tiles
+
+
+def test_layout_gives_columns_first_images_wide_tiles() -> None:
+    # the same image turned: a vertical first pass makes halo columns, so where 4 x 4 does
+    # not fit the wide 8-patch tile wins, and the tall one for rows first
+    tall = ImageJob(in_w=300, in_h=900, ch=3, out_w=280, out_h=840, patches=1200, grid_w=20)
+    wide = ImageJob(in_w=900, in_h=300, ch=3, out_w=840, out_h=280, patches=1200, grid_w=60)
+    got = []
+    for job in (tall, wide):
+        full = layout_of((job,), (13, 0), 14)
+        row = dict(zip(FIELDS, layout_of((job,), (13, 0), 14, full.smem_bytes - 1).desc[0]))
+        got.append(tuple(int(row[f]) for f in ("PASS1", "TILE_PH", "TILE_PW")))
+        assert (
+            int(full.desc[0][FIELDS.index("TILE_PH")]),
+            int(full.desc[0][FIELDS.index("TILE_PW")]),
+        ) == (4, 4)
+    assert got == [(2, 2, 4), (1, 4, 2)]
 
 
 def test_layout_groups_tiles_by_channels_for_one_launch_each() -> None:
