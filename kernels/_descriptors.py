@@ -116,7 +116,8 @@ class Layout:
     """One fused launch per channel count and kind: ``(channels, plain, first tile, tiles)``;
     plain launches hold only unresized TILED images (a kernel without the resize code)."""
     smem_bytes: int
-    """Dynamic shared memory of the fused launch: the largest TILED window + intermediate."""
+    """Dynamic shared memory of the fused launches: the largest TILED window + intermediate
+    (an upper bound for the general kernel; plain launches ask for none)."""
 
     @property
     def tiles(self) -> int:

@@ -19,14 +19,15 @@
 //   * fused (compiled per channel count and PLAIN or not, one launch per pair present) runs
 //     one block per output tile (a few patches) and reads its image from a per-tile table.
 //     PLAIN tiles (unresized) read each pixel run straight from the source, with word
-//     loads, and write each plane's run in one store. Otherwise the block copies the tile's source window (the resize taps' halo included) into
-//     shared memory with coalesced loads, runs the first of two passes there into a shared
-//     intermediate, and the last pass, composite, normalise and patchify from it: the
-//     intermediate never reaches global memory. An image whose tile would not fit
-//     (TILED = 0) reads global memory instead: its source, or for two passes the
-//     intermediate of resize_pass1. Its loops stride by the block's shape, so any block
-//     shape gives the same bytes (the GPU runs (p / 2, 256 / (p / 2)) for an even p, a
-//     thread per pixel pair; the host build a few threads per block).
+//     loads, and write each plane's run in one store. Otherwise the block copies the
+//     tile's source window (the resize taps' halo included) into shared memory with
+//     coalesced loads, runs the first of two passes there into a shared intermediate, and
+//     the last pass, composite, normalise and patchify from it: the intermediate never
+//     reaches global memory. An image whose tile would not fit (TILED = 0) reads global
+//     memory instead: its source, or for two passes the intermediate of resize_pass1. The
+//     loops stride by the block's shape, so any block shape gives the same bytes (the GPU
+//     runs (p / 2, 256 / (p / 2)) for an even p, a thread per pixel pair; the host build a
+//     few threads per block).
 
 enum Field {
   SRC_OFF = 0,        // byte offset of the image (uint8 HWC) in the source buffer
@@ -610,11 +611,11 @@ __device__ __forceinline__ void fused_tile(const u8* __restrict__ src, const u8*
 
 // The whole pixel pipeline (after resize_pass1 for images that are not TILED): resize,
 // composite, zero pad, normalise and patchify into (sum patches, 3, p, p). Grid: one block
-// per tile, one launch per channel count (tile_image names each tile's image; this launch's
-// tiles start at first_tile); any block shape, (p / 2, 256 / (p / 2)) on the GPU for an
-// even p, (p, 256 / p) for an odd one.
+// per tile, one launch per channel count and kind (tile_image names each tile's image; this
+// launch's tiles start at first_tile); any block shape, (p / 2, 256 / (p / 2)) on the GPU
+// for an even p, (p, 256 / p) for an odd one.
 // Dynamic shared memory: the largest TILED window plus intermediate of the launch, 4 bytes
-// a pixel. T is the output's bit pattern (32 or 16 bits).
+// a pixel (none for PLAIN). T is the output's bit pattern (32 or 16 bits).
 // Blocks have at most FUSED_THREADS threads; asking for FUSED_MIN_BLOCKS resident blocks a
 // multiprocessor caps the registers, and the occupancy that buys matters more than the few
 // values the compiler then keeps in local memory (the H200 A/B in bench/results).
