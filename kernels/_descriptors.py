@@ -144,9 +144,10 @@ def _tile_window(
     return rows, cols, win_rows or rows, win_cols or cols
 
 
-def _tile_bytes(job: ImageJob, passes: tuple[int, int], tile: tuple[int, int], patch: int) -> int:
-    """Shared memory of the largest tile of ``job``: its source window and intermediate."""
-    rows, cols, win_rows, win_cols = _tile_window(job, passes, tile, patch)
+def _tile_bytes(window: tuple[int, int, int, int], passes: tuple[int, int]) -> int:
+    """Shared memory of the largest tile (its ``_tile_window``): source window and
+    intermediate."""
+    rows, cols, win_rows, win_cols = window
     inter = {_HORIZONTAL: win_rows * cols, _VERTICAL: rows * win_cols}.get(passes[0], 0)
     return 4 * (win_rows * win_cols + inter)
 
@@ -155,10 +156,10 @@ _TAP_PASS_COST = 8
 """About how many staged pixels one resized pixel of a pass costs (its taps' multiply-adds)."""
 
 
-def _tile_cost(job: ImageJob, passes: tuple[int, int], tile: tuple[int, int], patch: int) -> float:
-    """Work per output pixel of a tile: its pass outputs (the first pass also makes the halo
-    rows or columns the last one reads) and its staged window."""
-    rows, cols, win_rows, win_cols = _tile_window(job, passes, tile, patch)
+def _tile_cost(window: tuple[int, int, int, int], passes: tuple[int, int]) -> float:
+    """Work per output pixel of a tile (its ``_tile_window``): its pass outputs (the first
+    pass also makes the halo rows or columns the last one reads) and its staged window."""
+    rows, cols, win_rows, win_cols = window
     first = {_HORIZONTAL: win_rows * cols, _VERTICAL: rows * win_cols}.get(passes[0], 0)
     last = rows * cols if passes[1] != _NONE else 0
     return (_TAP_PASS_COST * (first + last) + win_rows * win_cols) / (rows * cols)
@@ -184,12 +185,14 @@ def _tile_for(
     tiles, so its first pass makes fewer halo rows); and its bytes."""
     th, tw = max(1, TILE_PIXELS[0] // patch), max(1, TILE_PIXELS[1] // patch)
     for shapes in _tile_shapes(th * tw):
-        fits = [(t, _tile_bytes(job, passes, t, patch)) for t in shapes]
-        fits = [(t, need) for t, need in fits if need <= budget]
+        fits = []  # (work per pixel, not the configured shape, shape, bytes)
+        for tile in shapes:
+            window = _tile_window(job, passes, tile, patch)
+            need = _tile_bytes(window, passes)
+            if need <= budget:
+                fits.append((_tile_cost(window, passes), tile != (th, tw), tile, need))
         if fits:
-            tile, need = min(
-                fits, key=lambda f: (_tile_cost(job, passes, f[0], patch), f[0] != (th, tw))
-            )
+            _, _, tile, need = min(fits, key=lambda f: f[:2])  # the first of equals
             return (*tile, need)
     return None
 
