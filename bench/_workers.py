@@ -16,6 +16,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import msgspec
@@ -66,19 +67,36 @@ def _requests(consumer: Any) -> Iterator[tuple[str, Any]]:
             yield rid, batch
 
 
+@contextmanager
+def _mmwire_session(
+    rank: int, endpoint: str, handover: str, report: str
+) -> Iterator[tuple[zmq.Socket[Any], Any]]:
+    """A mmwire rank's reporter and consumer; the producer going away ends the session, and
+    both are closed however it ends."""
+    from mmwire.transport import CpuConsumer, PeerGone
+
+    ctx, out = _reporter(report)
+    consumer = CpuConsumer(rank, endpoint, handover=handover)
+    try:
+        yield out, consumer
+    except PeerGone:
+        pass
+    finally:
+        consumer.close()
+        out.close(0)
+        ctx.term()
+
+
 def mmwire_rank(
     rank: int, ranks: int, endpoint: str, handover: str, materialize: bool, report: str
 ) -> None:
     """mmwire cpu: every rank gets the envelopes; the owner opens (and materialises) its items."""
     from mmwire.materialize import Materializer, assign_owners
-    from mmwire.transport import CpuConsumer, PeerGone
 
     torch.set_num_threads(1)  # as in pipeline_rank: ranks share the host's cores
-    ctx, out = _reporter(report)
-    consumer = CpuConsumer(rank, endpoint, handover=handover)
-    mat = Materializer(rank)
-    _say(out, "ready", rank, "", 0.0)
-    try:
+    with _mmwire_session(rank, endpoint, handover, report) as (out, consumer):
+        mat = Materializer(rank)
+        _say(out, "ready", rank, "", 0.0)
         for rid, batch in _requests(consumer):
             if materialize:
                 counts = [e.grid.patches for e in batch.envelopes.values()]
@@ -88,12 +106,6 @@ def mmwire_rank(
             else:
                 nbytes = sum(batch.open_tensor(g).numel() for g in batch.owned)
             _say(out, "done", rank, rid, time.perf_counter(), nbytes)
-    except PeerGone:
-        pass
-    finally:
-        consumer.close()
-        out.close(0)
-        ctx.term()
 
 
 def _pull_rank(
@@ -183,17 +195,15 @@ def pipeline_rank(
     deferred: only the owner receives the raw uint8 item and materialises it.
     """
     from mmwire.materialize import Materializer, assign_owners
-    from mmwire.transport import CpuConsumer, IndexMap, PeerGone
+    from mmwire.transport import IndexMap
 
     torch.set_num_threads(1)  # N ranks share the host's cores; spinning OpenMP pools would fight
-    ctx, out = _reporter(report)
-    consumer = CpuConsumer(rank, endpoint, handover=handover)
     on_gpu = device.startswith("cuda")
-    if on_gpu:
-        consumer.register_with_cuda()
-    mat = Materializer(rank, device=device)
-    _say(out, "ready", rank, "", 0.0)
-    try:
+    with _mmwire_session(rank, endpoint, handover, report) as (out, consumer):
+        if on_gpu:
+            consumer.register_with_cuda()
+        mat = Materializer(rank, device=device)
+        _say(out, "ready", rank, "", 0.0)
         for rid, batch in _requests(consumer):
             held = 0
             if mode == "deferred":
@@ -210,9 +220,3 @@ def pipeline_rank(
             if on_gpu:
                 torch.cuda.synchronize()
             _say(out, "done", rank, rid, time.perf_counter(), held)
-    except PeerGone:
-        pass
-    finally:
-        consumer.close()
-        out.close(0)
-        ctx.term()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from mmwire.transport import CpuConsumer, GlobalIndex, PeerGone
@@ -22,13 +24,29 @@ def arena_rss_kib() -> int:
     return total
 
 
+@contextmanager
+def _reporting(c: CpuConsumer, q: Any, rank: int, *, reraise: bool = True) -> Iterator[None]:
+    """Report how a consumer's session ended ("peer-gone" or "error", so the test can show
+    it; an error is raised again unless ``reraise`` is off) and close the consumer."""
+    try:
+        yield
+    except PeerGone as e:
+        q.put(("peer-gone", rank, str(e)))
+    except Exception as e:
+        q.put(("error", rank, repr(e)))
+        if reraise:
+            raise
+    finally:
+        c.close()
+
+
 def consume(
     rank: int, endpoint: str, handover: str | None, n_batches: int, q: Any, hold: bool = False
 ) -> None:
     """Receive batches; report sha256 of owned payloads, counters and arena RSS."""
     c = CpuConsumer(rank, endpoint, handover=handover)
     q.put(("joined", rank))
-    try:
+    with _reporting(c, q, rank):
         for _ in range(n_batches):
             b = c.recv(timeout=30)
             digests = {g.value: hashlib.sha256(b.open(g).tobytes()).hexdigest() for g in b.owned}
@@ -39,28 +57,15 @@ def consume(
             b.release()
         q.put(("done", rank))
         time.sleep(1.0)  # let the releases leave before closing
-    except PeerGone as e:
-        q.put(("peer-gone", rank, str(e)))
-    except Exception as e:
-        q.put(("error", rank, repr(e)))
-        raise
-    finally:
-        c.close()
 
 
 def wait_then_recv(rank: int, endpoint: str, handover: str, q: Any) -> None:
     """Join, then wait for a batch that never comes: reports PeerGone when the producer dies."""
     c = CpuConsumer(rank, endpoint, handover=handover)
     q.put(("joined", rank))
-    try:
+    with _reporting(c, q, rank, reraise=False):
         c.recv(timeout=60)
         q.put(("unexpected-batch", rank))
-    except PeerGone as e:
-        q.put(("peer-gone", rank, str(e)))
-    except Exception as e:  # reported, so the test can show it
-        q.put(("error", rank, repr(e)))
-    finally:
-        c.close()
 
 
 def intruder(handover: str, q: Any) -> None:
@@ -129,7 +134,7 @@ def gpu_consume(
 
     c = CpuConsumer(rank, endpoint, handover=handover, device=device)
     q.put(("joined", rank))
-    try:
+    with _reporting(c, q, rank):
         for i in range(n_batches):
             b = c.recv(timeout=60)
             digests = {}
@@ -146,13 +151,6 @@ def gpu_consume(
         torch.cuda.synchronize()
         q.put(("done", rank))
         time.sleep(1.0)
-    except PeerGone as e:
-        q.put(("peer-gone", rank, str(e)))
-    except Exception as e:
-        q.put(("error", rank, repr(e)))
-        raise
-    finally:
-        c.close()
 
 
 def gpu_produce_then_hang(q: Any, kind: str) -> None:
