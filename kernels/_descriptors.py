@@ -6,15 +6,26 @@ Pure numpy, so CI checks it without a GPU. The field order mirrors ``enum Field`
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from mmwire.materialize import bicubic_coefficients, pass_order
 from mmwire.transport import Background
 
-__all__ = ["FIELDS", "TILE_PIXELS", "TILE_SMEM_BYTES", "ImageJob", "Layout", "layout_of"]
+__all__ = [
+    "FIELDS",
+    "KINDS",
+    "MMA_SMEM_BYTES",
+    "TILE_PIXELS",
+    "TILE_SMEM_BYTES",
+    "ImageJob",
+    "Kind",
+    "Layout",
+    "layout_of",
+]
 
 FIELDS: tuple[str, ...] = (
     "SRC_OFF",
@@ -59,6 +70,18 @@ FIELDS: tuple[str, ...] = (
 _F = {name: i for i, name in enumerate(FIELDS)}
 _NONE, _HORIZONTAL, _VERTICAL = 0, 1, 2
 _SOLID = {"white": 255, "gray": 128, "black": 0}
+
+Kind = Literal["general", "plain", "mma"]
+KINDS: dict[Kind, int] = {"general": 0, "plain": 1, "mma": 2}
+"""The fused kernel's kinds (``enum Kind`` in ``pixels.cu``): the general kernel; ``plain``
+for unresized TILED images (no resize code); ``mma`` for RGB or gray images resized on both
+axes, horizontal pass first, with an even patch (the passes on the int8 tensor cores)."""
+MMA_SMEM_BYTES = 40 * 1024
+"""The most shared memory one MMA tile's window planes and intermediate may take (more
+than 48 KiB makes the launcher opt in)."""
+_MMA_STEPS = 2
+"""``MMA_KS`` in ``pixels.cu``: the most 32-input steps one block of 16 outputs may read
+(downscales to about 0.35 of a side); an image needing more takes the general kernel."""
 
 TILE_PIXELS = (64, 64)
 """About how many canvas rows and columns one block of the fused launch covers: a whole
@@ -112,12 +135,13 @@ class Layout:
     out_width: int
     tile_image: np.ndarray[Any, np.dtype[np.int32]]
     """The image of each tile of the fused launches (tiles of one image are consecutive)."""
-    tile_groups: tuple[tuple[int, bool, int, int], ...]
-    """One fused launch per channel count and kind: ``(channels, plain, first tile, tiles)``;
-    plain launches hold only unresized TILED images (a kernel without the resize code)."""
+    tile_groups: tuple[tuple[int, Kind, int, int], ...]
+    """One fused launch per channel count and kind: ``(channels, kind, first tile, tiles)``."""
     smem_bytes: int
-    """Dynamic shared memory of the fused launches: the largest TILED window + intermediate
-    (an upper bound for the general kernel; plain launches ask for none)."""
+    """Dynamic shared memory of the general kernel's launches: the largest TILED window +
+    intermediate (an upper bound; plain launches ask for none)."""
+    mma_smem_bytes: int = 0
+    """Dynamic shared memory of the MMA launches: their largest window and intermediate."""
 
     @property
     def tiles(self) -> int:
@@ -177,8 +201,12 @@ def _tile_shapes(most: int) -> list[list[tuple[int, int]]]:
     return levels
 
 
+Measure = Callable[[tuple[int, int]], tuple[int, float] | None]
+"""A tile shape's shared memory and work per output pixel (None: the shape cannot work)."""
+
+
 def _tile_for(
-    job: ImageJob, passes: tuple[int, int], patch: int, budget: int
+    job: ImageJob, patch: int, budget: int, measure: Measure
 ) -> tuple[int, int, int] | None:
     """The tile (patches down, across) whose shared memory fits: of the largest area that
     fits, the shape with the least work per pixel (an image resized rows first gets taller
@@ -187,14 +215,57 @@ def _tile_for(
     for shapes in _tile_shapes(th * tw):
         fits = []  # (work per pixel, not the configured shape, shape, bytes)
         for tile in shapes:
-            window = _tile_window(job, passes, tile, patch)
-            need = _tile_bytes(window, passes)
-            if need <= budget:
-                fits.append((_tile_cost(window, passes), tile != (th, tw), tile, need))
+            m = measure(tile)
+            if m is not None and m[0] <= budget:
+                fits.append((m[1], tile != (th, tw), tile, m[0]))
         if fits:
             _, _, tile, need = min(fits, key=lambda f: f[:2])  # the first of equals
             return (*tile, need)
     return None
+
+
+def _general_measure(job: ImageJob, passes: tuple[int, int], patch: int) -> Measure:
+    def measure(tile: tuple[int, int]) -> tuple[int, float]:
+        window = _tile_window(job, passes, tile, patch)
+        return _tile_bytes(window, passes), _tile_cost(window, passes)
+
+    return measure
+
+
+def _mma_pitch(n: int) -> int:
+    """``mma_pitch`` in ``pixels.cu``: the least row pitch >= n that is 16 past a multiple of 32."""
+    return ((n + 15) & ~31) + 16
+
+
+def _mma_reach(c: Any, size: int, starts: Any, blocks: int) -> tuple[int, int]:
+    """For tiles whose outputs start at ``starts``: the longest window their ``blocks``
+    M-blocks of 16 outputs read from the first one's aligned first tap, and the most
+    32-input steps of one block (``span_of`` and ``reach_of`` in ``pixels.cu``)."""
+    o0 = np.asarray(starts)[:, None] + 16 * np.arange(blocks)[None, :]
+    first, last = np.minimum(o0, size - 1), np.minimum(o0 + 15, size - 1)
+    at = c.xmin[first] & ~3
+    steps = (c.xmin[last] + c.n[last] - at + 31) >> 5
+    return int((at - at[:, :1] + 32 * steps).max()), int(steps.max())
+
+
+def _mma_measure(job: ImageJob, patch: int) -> Measure:
+    cx = bicubic_coefficients(job.in_w, job.out_w)
+    cy = bicubic_coefficients(job.in_h, job.out_h)
+    grid_h = job.patches // job.grid_w
+
+    def measure(tile: tuple[int, int]) -> tuple[int, float] | None:
+        th, tw = tile[0] * patch, tile[1] * patch
+        my, mx = -(-th // 16), -(-tw // 16)
+        wr, sy = _mma_reach(cy, job.out_h, np.arange(0, grid_h, tile[0]) * patch, my)
+        wc, sx = _mma_reach(cx, job.out_w, np.arange(0, job.grid_w, tile[1]) * patch, mx)
+        if max(sx, sy) > _MMA_STEPS:
+            return None
+        wr8 = -(-wr // 8) * 8
+        need = job.ch * (wr8 * _mma_pitch(wc) + 16 * mx * _mma_pitch(wr))
+        products = mx * (wr8 // 8) * sx + my * -(-tw // 8) * sy  # per channel
+        return need, 128 * products / (th * tw)
+
+    return measure
 
 
 def _bg_fields(bg: Background | None) -> tuple[int, int, int, int, int]:
@@ -211,6 +282,8 @@ def layout_of(
     pillow: tuple[int, int] | None = None,
     patch: int = 0,
     tile_smem: int = TILE_SMEM_BYTES,
+    tensor_cores: bool = False,
+    mma_smem: int = MMA_SMEM_BYTES,
 ) -> Layout:
     """Descriptor rows and coefficient tables for ``jobs`` (a tuple; cached by value).
 
@@ -223,7 +296,9 @@ def layout_of(
     whole patches; an image whose tile window and intermediate fit ``tile_smem`` bytes works
     in shared memory (TILED); the others read global memory, with a global intermediate
     from pass 1 when they need two passes (as every image of a resize-only launch,
-    ``patch=0``).
+    ``patch=0``). With ``tensor_cores`` (a device of compute capability 8.0 or more), RGB
+    and gray images resized on both axes, horizontal pass first, take the MMA kernel when
+    ``patch`` is even and their tiles fit ``mma_smem`` bytes.
     """
     desc = np.zeros((len(jobs), len(FIELDS)), np.int64)
     chunks: list[np.ndarray[Any, np.dtype[np.int32]]] = []
@@ -242,7 +317,8 @@ def layout_of(
         return table_at[key]
 
     src = mid = mid_rows = mid_width = patches = out = out_rows = out_width = 0
-    smem = 0
+    smem = mma_need = 0
+    kinds: list[Kind] = []
     src_offsets: list[int] = []
     out_offsets: list[int] = []
     for row, job in zip(desc, jobs):
@@ -255,9 +331,27 @@ def layout_of(
             p1, p2 = (_HORIZONTAL, _VERTICAL) if h_first else (_VERTICAL, _HORIZONTAL)
         else:
             p1, p2 = _NONE, (_HORIZONTAL if need_h else _VERTICAL if need_v else _NONE)
-        fit = _tile_for(job, (p1, p2), patch, tile_smem) if patch and job.patches else None
+        fit = None
+        kind: Kind = "general"
+        if patch and job.patches:
+            if (
+                tensor_cores
+                and patch % 2 == 0
+                and job.ch in (1, 3)
+                and (p1, p2) == (_HORIZONTAL, _VERTICAL)
+            ):
+                fit = _tile_for(job, patch, mma_smem, _mma_measure(job, patch))
+                kind = "mma" if fit is not None else kind
+            if fit is None:
+                fit = _tile_for(job, patch, tile_smem, _general_measure(job, (p1, p2), patch))
+                if fit is not None and p2 == _NONE:
+                    kind = "plain"
         tile_h, tile_w, need = fit if fit is not None else (1, 1, 0)
-        smem = max(smem, need)
+        if kind == "mma":
+            mma_need = max(mma_need, need)
+        else:
+            smem = max(smem, need)
+        kinds.append(kind)
         tiles_w, tiles_h = -(-job.grid_w // tile_w), -(-grid_h // tile_h)
         mid_w, mid_h = 0, 0
         if p1 != _NONE and fit is None:
@@ -323,20 +417,16 @@ def layout_of(
         [(1, j.patches // j.grid_w, j.grid_w) if j.patches else (0, 0, 0) for j in jobs],
         np.int64,
     ).reshape(len(jobs), 3)
-    # the fused kernel is compiled per channel count, with and without the resize code: one
-    # launch per group of images with the same channels and kind, so a group's tiles are
-    # consecutive
-    plain = [
-        bool(r[_F["TILED"]] and r[_F["PASS1"]] == _NONE and r[_F["PASS2"]] == _NONE) for r in desc
-    ]
+    # the fused kernel is compiled per channel count and kind: one launch per group of images
+    # with the same channels and kind, so a group's tiles are consecutive
     order: list[int] = []
-    groups: list[tuple[int, bool, int, int]] = []
+    groups: list[tuple[int, Kind, int, int]] = []
     at = 0
     for ch in sorted({job.ch for job in jobs}):
-        for kind in (False, True):
+        for kind in KINDS:
             first = at
             for i, job in enumerate(jobs):
-                if job.ch == ch and plain[i] == kind:
+                if job.ch == ch and kinds[i] == kind:
                     order.append(i)
                     desc[i, _F["TILE_START"]] = at
                     at += tiles_of[i]
@@ -362,4 +452,5 @@ def layout_of(
         tile_image=tile_image,
         tile_groups=tuple(groups),
         smem_bytes=smem,
+        mma_smem_bytes=mma_need,
     )

@@ -16,22 +16,30 @@ import numpy as np
 import torch
 from mmwire.transport import BackendUnavailable
 
+from ._descriptors import KINDS, Kind
+
 __all__ = ["SOURCE", "CupyLauncher", "Launcher"]
 
 SOURCE = Path(__file__).with_name("pixels.cu")
 _FUSED = {
-    (bits, ch, plain): f"fused<{t}, {ch}, {'true' if plain else 'false'}>"
+    (bits, ch, kind): f"fused<{t}, {ch}, {code}>"
     for bits, t in ((32, "unsigned int"), (16, "unsigned short"))
     for ch in (1, 3, 4)
-    for plain in (False, True)
+    for kind, code in KINDS.items()
+    if not (kind == "mma" and ch == 4)
 }
 
+_DEFAULT_SMEM = 48 * 1024  # dynamic shared memory a launch gets without opting in
 
 Dims = tuple[int, int]
 
 
 class Launcher(Protocol):
     """Runs the kernels of ``pixels.cu`` over flat buffers, on a 2-D grid of 2-D blocks."""
+
+    @property
+    def tensor_cores(self) -> bool:
+        """Whether the fused kernel's MMA kind runs here (compute capability 8.0 or more)."""
 
     def pass1(
         self,
@@ -62,7 +70,7 @@ class Launcher(Protocol):
         self,
         bits: int,
         channels: int,
-        plain: bool,
+        kind: Kind,
         grid: Dims,
         block: Dims,
         smem: int,
@@ -77,8 +85,8 @@ class Launcher(Protocol):
         first_tile: int,
     ) -> None:
         """Resize (or its last pass), composite, pad, normalise and patchify, per tile, for
-        the tiles ``first_tile ..`` of images with ``channels`` channels (``plain``: all
-        unresized and TILED, for the kernel compiled without the resize code)."""
+        the tiles ``first_tile ..`` of images with ``channels`` channels and ``kind``
+        (``Layout.tile_groups``)."""
 
 
 @cache
@@ -135,6 +143,11 @@ class CupyLauncher:
             for name in ("resize_pass1", "resize_pass2", *_FUSED.values())
         }
         self._streams: dict[int, Any] = {}
+        self._tensor_cores = torch.cuda.get_device_capability(self._index) >= (8, 0)
+
+    @property
+    def tensor_cores(self) -> bool:
+        return self._tensor_cores
 
     def _launch(
         self, name: str, grid: Dims, block: Dims, args: tuple[Any, ...], smem: int = 0
@@ -150,8 +163,11 @@ class CupyLauncher:
         stream = self._streams.get(handle)
         if stream is None:
             stream = self._streams[handle] = _cupy_stream(handle, self._index)
+        fn = self._functions[name]
         with cupy.cuda.Device(self._index), stream:
-            self._functions[name](grid, block, tuple(_arg(a) for a in args), shared_mem=smem)
+            if smem > _DEFAULT_SMEM and fn.max_dynamic_shared_size_bytes < smem:
+                fn.max_dynamic_shared_size_bytes = smem  # opt in, once per kernel
+            fn(grid, block, tuple(_arg(a) for a in args), shared_mem=smem)
 
     def pass1(
         self,
@@ -182,7 +198,7 @@ class CupyLauncher:
         self,
         bits: int,
         channels: int,
-        plain: bool,
+        kind: Kind,
         grid: Dims,
         block: Dims,
         smem: int,
@@ -197,7 +213,7 @@ class CupyLauncher:
         first_tile: int,
     ) -> None:
         args = (src, mid, desc, tab, table, tiles, out, np.int32(patch), np.int32(first_tile))
-        self._launch(_FUSED[bits, channels, plain], grid, block, args, smem)
+        self._launch(_FUSED[bits, channels, kind], grid, block, args, smem)
 
 
 def _arg(a: Any) -> Any:

@@ -20,7 +20,7 @@ import torch
 from mmwire.materialize._pipeline import _table
 from mmwire.transport import PreprocessSpec
 
-from ._descriptors import TILE_SMEM_BYTES, ImageJob, Layout, layout_of
+from ._descriptors import MMA_SMEM_BYTES, TILE_SMEM_BYTES, ImageJob, Layout, layout_of
 from ._launch import CupyLauncher, Dims, Launcher
 
 __all__ = ["pack", "preprocess", "preprocess_packed", "resize", "resize_packed"]
@@ -30,6 +30,7 @@ _STORAGE = {32: torch.int32, 16: torch.int16}
 _ROW_BLOCK = 128  # threads per block along an image row in the resize passes
 _FUSED_THREADS = 256  # FUSED_THREADS in pixels.cu: the fused kernel's largest block
 _MAX_GRID_X = 2**31 - 1
+_MMA_BLOCK = (32, _FUSED_THREADS // 32)  # the MMA kind's blocks are whole warps
 
 
 def _row_grid(rows: int, width: int) -> tuple[Dims, Dims]:
@@ -126,6 +127,14 @@ def _launcher_for(device: torch.device, launcher: Launcher | None) -> Launcher:
     return launcher if launcher is not None else _default_launcher(device)
 
 
+def _tensor_cores(device: torch.device, launcher: Launcher | None) -> bool:
+    """Whether the launches may use the MMA kind (without making the default launcher yet,
+    so bad input is refused before a missing CUDA is)."""
+    if launcher is not None:
+        return launcher.tensor_cores
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0)
+
+
 @dataclass(frozen=True)
 class _Plan:
     """What a launch over given images and specs needs from the host (cached)."""
@@ -144,6 +153,8 @@ def _plan(
     rows: tuple[int, ...] | None,
     pillow: tuple[int, int] | None,
     tile_smem: int,
+    tensor_cores: bool,
+    mma_smem: int,
 ) -> _Plan:
     """Checks the images against their specs and lays out the launch (cached by value, so
     a repeated batch shape costs one lookup; refusals raise and are not cached)."""
@@ -176,7 +187,7 @@ def _plan(
                 row=None if rows is None else rows[i],
             )
         )
-    layout = layout_of(tuple(jobs), pillow, p, tile_smem)
+    layout = layout_of(tuple(jobs), pillow, p, tile_smem, tensor_cores, mma_smem)
     return _Plan(layout, tuple(jobs), tuple(stats), p)
 
 
@@ -207,6 +218,8 @@ def preprocess_packed(
         None if rows is None else tuple(int(r) for r in rows),
         pillow,
         TILE_SMEM_BYTES,
+        _tensor_cores(src.device, launcher),
+        MMA_SMEM_BYTES,
     )
     layout, jobs, p = plan.layout, plan.jobs, plan.patch
     _check_source(src, layout)
@@ -227,14 +240,15 @@ def preprocess_packed(
     # pass 1 only for two-pass images whose tiles do not keep the intermediate on chip
     run.pass1(*_row_grid(layout.mid_rows, layout.mid_width), src, mid, desc, tab, len(jobs))
     bits = _BITS[dtype]
-    for channels, plain, first, count in layout.tile_groups:  # per channel count and kind
+    smem = {"general": layout.smem_bytes, "plain": 0, "mma": layout.mma_smem_bytes}
+    for channels, kind, first, count in layout.tile_groups:  # per channel count and kind
         run.fused(
             bits,
             channels,
-            plain,
+            kind,
             (count, 1),
-            _fused_block(p),
-            0 if plain else layout.smem_bytes,  # plain tiles read the source where they use it
+            _MMA_BLOCK if kind == "mma" else _fused_block(p),
+            smem[kind],  # plain tiles read the source where they use it
             src,
             mid,
             desc,

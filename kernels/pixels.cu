@@ -460,6 +460,267 @@ __device__ __forceinline__ void plain_runs(const u8* __restrict__ s0, i64 row, c
   }
 }
 
+// ---- The tensor-core resize (MMA tiles: RGB or gray, both passes, horizontal first) ----
+// A pass is a product of the Q22 weights (A: 16 outputs x k inputs) and pixel lines (B: k
+// inputs x 8 lines) on the int8 tensor cores, exactly: each weight is split into bytes,
+// w = b2 * 2^16 + b1 * 2^8 + b0 (b0, b1 unsigned, b2 signed since |w| < 2^23), and the three
+// products' int32 sums add up to Pillow's accumulator (wrapping adds; the total is in range).
+// A tile's source window sits in shared memory as one plane a channel (rows of input
+// columns); the horizontal pass writes the intermediate transposed (columns of window rows),
+// so both passes read 4 consecutive k of a line as one word; the vertical pass hands each
+// lane two neighbouring pixels of a patch row, which go out through the normalise table.
+
+#define MMA_KS 2  // the most 32-input steps of one 16-output block (host: _MMA_STEPS)
+
+#ifndef MMWIRE_HOST_SHIM
+// d += A (16 x 32, row) * B (32 x 8, col); A signed or unsigned bytes, B unsigned bytes.
+template <bool A_SIGNED>
+__device__ __forceinline__ void mma_k32(int (&d)[4], const unsigned (&a)[4], unsigned b0,
+                                        unsigned b1) {
+#if __CUDA_ARCH__ >= 800
+  if constexpr (A_SIGNED) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+#else
+  __trap();  // the host plans MMA tiles only for devices of compute capability 8.0 or more
+#endif
+}
+#define MMWIRE_SMEM_CHECK(bytes)
+#endif
+
+// One axis of a resize: offsets of its coefficient tables in tab, and its output size.
+struct Axis {
+  int xmin, n, k, ksize, size;
+};
+
+// The inputs one M-block (outputs o0 .. o0 + 15, clipped to the axis) reads: from its first
+// tap, aligned down to 4 (so a lane's 4 k values are one aligned word), `steps` of 32.
+struct Span {
+  int at, steps;
+};
+
+__device__ __forceinline__ Span span_of(const int* __restrict__ tab, const Axis& ax, int o0) {
+  const int f = min(o0, ax.size - 1), l = min(o0 + 15, ax.size - 1);
+  const int at = tab[ax.xmin + f] & ~3;
+  return {at, (tab[ax.xmin + l] + tab[ax.n + l] - at + 31) >> 5};
+}
+
+// How far past w0 the M-blocks from o0 (`blocks` of them) read: the window's length.
+__device__ __forceinline__ int reach_of(const int* __restrict__ tab, const Axis& ax, int o0,
+                                        int blocks, int w0) {
+  int reach = 0;
+  for (int j = 0; j < blocks; ++j) {
+    const Span s = span_of(tab, ax, o0 + 16 * j);
+    reach = max(reach, s.at - w0 + 32 * s.steps);
+  }
+  return reach;
+}
+
+// A lane's A fragments of one M-block, per byte plane and 32-input step: outputs o0 + g and
+// o0 + g + 8 (g = lane / 4), inputs at + 32 s + 16 h + 4 t + 0..3 (t = lane % 4). Outputs
+// past the axis (canvas padding) get no weights, so they come out 0.
+template <int KS>
+__device__ __forceinline__ void weight_frags(const int* __restrict__ tab, const Axis& ax, int o0,
+                                             int at, int lane, unsigned (&a)[3][KS][4]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int o = o0 + (lane >> 2) + 8 * r;
+    const bool live = o < ax.size;
+    const int n = live ? tab[ax.n + o] : 0;
+    const int i0 = at + 4 * (lane & 3) - (live ? tab[ax.xmin + o] : 0);  // tap of k = 0
+    const int* k = tab + ax.k + (i64)(live ? o : 0) * ax.ksize;
+#pragma unroll
+    for (int s = 0; s < KS; ++s) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        unsigned b0 = 0, b1 = 0, b2 = 0;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = i0 + 32 * s + 16 * h + e;
+          const unsigned w = (0 <= i && i < n) ? (unsigned)k[i] : 0u;
+          b0 |= (w & 255u) << (8 * e);
+          b1 |= ((w >> 8) & 255u) << (8 * e);
+          b2 |= ((w >> 16) & 255u) << (8 * e);
+        }
+        a[0][s][r + 2 * h] = b0;
+        a[1][s][r + 2 * h] = b1;
+        a[2][s][r + 2 * h] = b2;
+      }
+    }
+  }
+}
+
+// One pass of a tile: `blocks` M-blocks of 16 outputs from o_first, times `lines` N-blocks
+// of 8 lines; line(nb, g) is line g of N-block nb (its k = 0 at window coordinate w0).
+// Each warp takes a contiguous run of the (M-block, N-block) tasks, so it computes an
+// M-block's weights about once; done(j, nb, v) gets the lane's four clamped bytes: v[0],
+// v[1] at output 16 j + g, lines 2 t and 2 t + 1 of the N-block; v[2], v[3] at output + 8.
+template <typename Line, typename Done>
+__device__ __forceinline__ void mma_pass(const int* __restrict__ tab, const Axis& ax,
+                                         int o_first, int w0, int blocks, int lines, Line line,
+                                         Done done) {
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+  const int lane = tid & 31, warp = tid >> 5, warps = (blockDim.x * blockDim.y) >> 5;
+  const int tasks = blocks * lines;
+  const int last = (warp + 1) * tasks / warps;
+  unsigned a[3][MMA_KS][4];
+  int cur = -1, kb = 0, steps = 0;
+  for (int task = warp * tasks / warps; task < last; ++task) {
+    const int j = task / lines, nb = task - j * lines;
+    if (j != cur) {
+      cur = j;
+      const Span s = span_of(tab, ax, o_first + 16 * j);
+      kb = s.at - w0;
+      steps = s.steps;
+      weight_frags<MMA_KS>(tab, ax, o_first + 16 * j, s.at, lane, a);
+    }
+    const u8* l = line(nb, lane >> 2) + kb + 4 * (lane & 3);
+    int acc[3][4] = {{1 << 21, 1 << 21, 1 << 21, 1 << 21}, {0, 0, 0, 0}, {0, 0, 0, 0}};
+#pragma unroll
+    for (int s = 0; s < MMA_KS; ++s) {
+      if (s < steps) {  // the same for the whole warp
+        const unsigned b0 = *(const unsigned*)(l + 32 * s);
+        const unsigned b1 = *(const unsigned*)(l + 32 * s + 16);
+        mma_k32<false>(acc[0], a[0][s], b0, b1);
+        mma_k32<false>(acc[1], a[1][s], b0, b1);
+        mma_k32<true>(acc[2], a[2][s], b0, b1);
+      }
+    }
+    int v[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const unsigned sum = (unsigned)acc[0][e] + ((unsigned)acc[1][e] << 8) +
+                           ((unsigned)acc[2][e] << 16);
+      v[e] = min(max((int)sum >> 22, 0), 255);
+    }
+    done(j, nb, v);
+  }
+}
+
+// The smallest row pitch of at least n bytes that is 16 more than a multiple of 32: the 8
+// lines x 4 words a warp reads fall in 32 different banks.
+__device__ __forceinline__ int mma_pitch(int n) { return ((n + 15) & ~31) + 16; }
+
+// Four pixels of a source row from column c into the planar window (one word a channel,
+// byte e = pixel c + e): 12 bytes for RGB with word loads; past `cols`, nothing is read.
+template <int CH>
+__device__ __forceinline__ void stage_planes(const u8* __restrict__ row, int c, int cols,
+                                             u8* dst, int plane) {
+  unsigned w[CH];
+  if (c + 4 <= cols) {
+    unsigned x[CH == 1 ? 1 : 3];
+    load_words<CH == 1 ? 1 : 3>(row + c * CH, x);
+    if constexpr (CH == 1) {
+      w[0] = x[0];
+    } else {
+      w[0] = __byte_perm(__byte_perm(x[0], x[1], 0x0630), x[2], 0x5210);
+      w[1] = __byte_perm(__byte_perm(x[0], x[1], 0x0741), x[2], 0x6210);
+      w[2] = __byte_perm(__byte_perm(x[0], x[1], 0x0052), x[2], 0x7410);
+    }
+  } else {
+#pragma unroll
+    for (int ch = 0; ch < CH; ++ch) w[ch] = 0;
+    for (int e = 0; e < cols - c; ++e) {
+#pragma unroll
+      for (int ch = 0; ch < CH; ++ch) w[ch] |= (unsigned)row[(c + e) * CH + ch] << (8 * e);
+    }
+  }
+#pragma unroll
+  for (int ch = 0; ch < CH; ++ch) *(unsigned*)(dst + ch * plane + c) = w[ch];
+}
+
+// One MMA tile (an RGB or gray image resized on both axes, horizontal pass first): patches
+// (gy0 .. gy0 + nph) x (gx0 .. gx0 + npw) of its canvas, computed whole (the rows and
+// columns past the resized image get no weights, so they are the 0 padding). Blocks are
+// whole warps. Shared memory: the window planes, then the intermediate planes.
+template <int CH, typename T>
+__device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* d,
+                                         const int* __restrict__ tab, const T* tb,
+                                         T* __restrict__ out, int tile, int p, u8* sm) {
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+  const int lane = tid & 31, warp = tid >> 5, warps = (blockDim.x * blockDim.y) >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int tiles_w = (int)d[TILES_W], tph = (int)d[TILE_PH], tpw = (int)d[TILE_PW];
+  const int gw = (int)d[GRID_W];
+  const int trow = tile / tiles_w;
+  const int gy0 = trow * tph, gx0 = (tile - trow * tiles_w) * tpw;
+  const int th = min(tph, (int)d[GRID_H] - gy0) * p, tw = min(tpw, gw - gx0) * p;
+  const int y0 = gy0 * p, x0 = gx0 * p;
+  const int my = (th + 15) >> 4, mx = (tw + 15) >> 4;  // M-blocks down and across
+  const Axis ax = {(int)d[X_XMIN], (int)d[X_N], (int)d[X_K], (int)d[X_KSIZE], (int)d[OUT_W]};
+  const Axis ay = {(int)d[Y_XMIN], (int)d[Y_N], (int)d[Y_K], (int)d[Y_KSIZE], (int)d[OUT_H]};
+  const int wx = span_of(tab, ax, x0).at, wy = span_of(tab, ay, y0).at;  // the window's origin
+  const int wc = reach_of(tab, ax, x0, mx, wx), wr = reach_of(tab, ay, y0, my, wy);
+  const int wr8 = (wr + 7) & ~7, wcp = mma_pitch(wc), wrp = mma_pitch(wr);
+  const int win_plane = wr8 * wcp, mid_plane = 16 * mx * wrp;
+  u8* win = sm;
+  u8* mid = sm + CH * win_plane;
+  MMWIRE_SMEM_CHECK(CH * (win_plane + mid_plane));
+  {  // the window: its rows and columns inside the image (the rest is never weighted)
+    const int in_w = (int)d[IN_W];
+    const int rows = min(wr, (int)d[IN_H] - wy), cols = min(wc, in_w - wx);
+    const u8* s = src + d[SRC_OFF] + ((i64)wy * in_w + wx) * CH;
+    for (int r = warp; r < rows; r += warps) {
+      for (int c = 4 * lane; c < cols; c += 128) {
+        stage_planes<CH>(s + (i64)r * in_w * CH, c, cols, win + r * wcp, win_plane);
+      }
+    }
+  }
+  __syncthreads();  // the window (and the block's normalise table) is in place
+  // horizontal: output columns x0 .. (M) times 8 window rows of a channel (N) into the
+  // intermediate, a column of window rows per output column
+  const int rbs = wr8 >> 3;
+  mma_pass(
+      tab, ax, x0, wx, mx, rbs * CH,
+      [&](int nb, int line) {
+        const int c = nb / rbs;
+        return win + c * win_plane + ((nb - c * rbs) * 8 + line) * wcp;
+      },
+      [&](int j, int nb, const int v[4]) {
+        const int c = nb / rbs;
+        u8* m = mid + c * mid_plane + (16 * j + g) * wrp + (nb - c * rbs) * 8 + 2 * t;
+        *(unsigned short*)m = (unsigned short)(v[0] | v[1] << 8);
+        *(unsigned short*)(m + 8 * wrp) = (unsigned short)(v[2] | v[3] << 8);
+      });
+  __syncthreads();  // the intermediate is in place
+  // vertical: output rows y0 .. (M) times 8 columns of a channel (N), into the patches
+  const int xbs = (tw + 7) >> 3, pp = p * p;
+  const int inv_p = (65536 + p - 1) / p;  // x / p == (x * inv_p) >> 16 for x < 65536 / p
+  const i64 first_patch = d[ROW] + (i64)gy0 * gw + gx0;
+  mma_pass(
+      tab, ay, y0, wy, my, xbs * CH,
+      [&](int nb, int line) {
+        const int c = nb / xbs;
+        return mid + c * mid_plane + ((nb - c * xbs) * 8 + line) * wrp;
+      },
+      [&](int i, int nb, const int v[4]) {
+        const int c = nb / xbs, x = (nb - c * xbs) * 8 + 2 * t;
+        if (x >= tw) return;
+        const int kx = (x * inv_p) >> 16, px = x - kx * p;  // p even: x, x + 1 share a patch
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int y = 16 * i + g + 8 * r;
+          if (y >= th) continue;
+          const int ky = (y * inv_p) >> 16;
+          T* o = out + (first_patch + (i64)ky * gw + kx) * 3 * pp + (y - ky * p) * p + px;
+#pragma unroll
+          for (int q = 0; q < (CH == 1 ? 3 : 1); ++q) {  // gray fills all three planes
+            const int plane = CH == 1 ? q : c;
+            const T pair[2] = {tb[256 * plane + v[2 * r]], tb[256 * plane + v[2 * r + 1]]};
+            store_run<2>(o + plane * pp, pair);
+          }
+        }
+      });
+}
+
 // One tile of one image: patches (gy0 .. gy0 + nph) x (gx0 .. gx0 + npw) of its canvas.
 // sm: the dynamic shared memory, for the tile's window and intermediate when TILED. Every
 // loop strides by the block's shape; the GPU's (p / 2, 256 / (p / 2)) blocks give each
@@ -612,20 +873,25 @@ __device__ __forceinline__ void fused_tile(const u8* __restrict__ src, const u8*
 // The whole pixel pipeline (after resize_pass1 for images that are not TILED): resize,
 // composite, zero pad, normalise and patchify into (sum patches, 3, p, p). Grid: one block
 // per tile, one launch per channel count and kind (tile_image names each tile's image; this
-// launch's tiles start at first_tile); any block shape, (p / 2, 256 / (p / 2)) on the GPU
-// for an even p, (p, 256 / p) for an odd one.
-// Dynamic shared memory: the largest TILED window plus intermediate of the launch, 4 bytes
-// a pixel (none for PLAIN). T is the output's bit pattern (32 or 16 bits).
-// Blocks have at most FUSED_THREADS threads; asking for FUSED_MIN_BLOCKS resident blocks a
+// launch's tiles start at first_tile). KIND: GENERAL (any block shape, (p / 2, 256 / (p / 2))
+// on the GPU for an even p, (p, 256 / p) for an odd one), PLAIN (unresized TILED images
+// only: no resize code, no window), MMA (RGB or gray resized on both axes, horizontal pass
+// first, p even: the tensor-core passes; blocks of whole warps, (32, 8) on the GPU).
+// Dynamic shared memory: the largest TILED window plus intermediate of the launch (none for
+// PLAIN). T is the output's bit pattern (32 or 16 bits).
+// Blocks have at most FUSED_THREADS threads; asking for a number of resident blocks a
 // multiprocessor caps the registers, and the occupancy that buys matters more than the few
-// values the compiler then keeps in local memory (the H200 A/B in bench/results).
-// PLAIN (unresized tiles only) has no resize code and no window: fewer registers buy more
-// resident blocks to hide its loads behind.
+// values the compiler then keeps in local memory (the H200 A/B in bench/results). PLAIN has
+// fewer registers, so more resident blocks hide its loads.
 #define FUSED_THREADS 256
 #define FUSED_MIN_BLOCKS 5
 #define FUSED_PLAIN_MIN_BLOCKS 8
-template <typename T, int CH, bool PLAIN>
-__global__ void __launch_bounds__(FUSED_THREADS, PLAIN ? FUSED_PLAIN_MIN_BLOCKS : FUSED_MIN_BLOCKS)
+#define FUSED_MMA_MIN_BLOCKS 4
+enum Kind { GENERAL = 0, PLAIN = 1, MMA = 2 };
+template <typename T, int CH, int KIND>
+__global__ void __launch_bounds__(FUSED_THREADS, KIND == PLAIN ? FUSED_PLAIN_MIN_BLOCKS
+                                                 : KIND == MMA ? FUSED_MMA_MIN_BLOCKS
+                                                               : FUSED_MIN_BLOCKS)
     fused(const u8* __restrict__ src, const u8* __restrict__ mid, const i64* __restrict__ desc,
           const int* __restrict__ tab, const T* __restrict__ table,
           const int* __restrict__ tile_image, T* __restrict__ out, int p, int first_tile) {
@@ -643,19 +909,29 @@ __global__ void __launch_bounds__(FUSED_THREADS, PLAIN ? FUSED_PLAIN_MIN_BLOCKS 
   const u64* tw = (const u64*)(table + d[TABLE]);
 #pragma unroll 1
   for (int i = tid; i < (int)(3 * 256 * sizeof(T) / 8); i += nt) ((u64*)tb)[i] = tw[i];
-  fused_tile<CH, PLAIN, T>(src, mid, d, tab, tb, out, t - (int)d[TILE_START], p, dynamic_smem());
+  const int tile = t - (int)d[TILE_START];
+  if constexpr (KIND == MMA) {
+    static_assert(CH != 4, "MMA tiles are RGB or gray");
+    mma_tile<CH, T>(src, d, tab, tb, out, tile, p, (u8*)dynamic_smem());
+  } else {
+    fused_tile<CH, KIND == PLAIN, T>(src, mid, d, tab, tb, out, tile, p, dynamic_smem());
+  }
 }
 
 #ifndef __CUDACC_RTC__
 // nvcc (the CI compile check) instantiates what NVRTC gets through name expressions.
-#define MMWIRE_FUSED(T, CH, PLAIN)                                                   \
-  template __global__ void fused<T, CH, PLAIN>(const u8*, const u8*, const i64*, const int*, \
-                                               const T*, const int*, T*, int, int);
-#define MMWIRE_FUSED_BOTH(T, CH) MMWIRE_FUSED(T, CH, false) MMWIRE_FUSED(T, CH, true)
-MMWIRE_FUSED_BOTH(unsigned int, 1)
-MMWIRE_FUSED_BOTH(unsigned int, 3)
-MMWIRE_FUSED_BOTH(unsigned int, 4)
-MMWIRE_FUSED_BOTH(unsigned short, 1)
-MMWIRE_FUSED_BOTH(unsigned short, 3)
-MMWIRE_FUSED_BOTH(unsigned short, 4)
+#define MMWIRE_FUSED(T, CH, KIND)                                                   \
+  template __global__ void fused<T, CH, KIND>(const u8*, const u8*, const i64*, const int*, \
+                                              const T*, const int*, T*, int, int);
+#define MMWIRE_FUSED_ALL(T) \
+  MMWIRE_FUSED(T, 1, 0)     \
+  MMWIRE_FUSED(T, 3, 0)     \
+  MMWIRE_FUSED(T, 4, 0)     \
+  MMWIRE_FUSED(T, 1, 1)     \
+  MMWIRE_FUSED(T, 3, 1)     \
+  MMWIRE_FUSED(T, 4, 1)     \
+  MMWIRE_FUSED(T, 1, 2)     \
+  MMWIRE_FUSED(T, 3, 2)
+MMWIRE_FUSED_ALL(unsigned int)
+MMWIRE_FUSED_ALL(unsigned short)
 #endif

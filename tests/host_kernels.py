@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 from mmwire.kernels import SOURCE
+from mmwire.kernels._descriptors import KINDS, Kind
 
 HERE = Path(__file__).resolve().parent / "kernel_host"
 
@@ -58,10 +59,20 @@ def _dims(d: tuple[int, int]) -> ctypes.Array[ctypes.c_uint]:
 class HostLauncher:
     """A ``mmwire.kernels.Launcher`` that runs the C++ build on CPU tensors."""
 
-    def __init__(self, lib: Path, block: tuple[int, int] = (5, 3)) -> None:
+    def __init__(
+        self, lib: Path, block: tuple[int, int] = (5, 3), tensor_cores: bool = True
+    ) -> None:
         self._lib = ctypes.CDLL(str(lib))
+        self._lib.host_smem_overflows.restype = ctypes.c_ulong
         self.block = block
         """The fused kernel's threads per block here (whatever the caller asks)."""
+        self._tensor_cores = tensor_cores
+        self.mma_block = (32, 2)
+        """The MMA kind's block here: whole warps (the GPU runs eight)."""
+
+    @property
+    def tensor_cores(self) -> bool:
+        return self._tensor_cores
 
     def pass1(
         self,
@@ -103,7 +114,7 @@ class HostLauncher:
         self,
         bits: int,
         channels: int,
-        plain: bool,
+        kind: Kind,
         grid: tuple[int, int],
         block: tuple[int, int],
         smem: int,
@@ -118,12 +129,14 @@ class HostLauncher:
         first_tile: int,
     ) -> None:
         # the block's threads are real threads here: a few, in a shape that does not divide
-        # the patch, so every block-stride loop wraps (the GPU runs (p / 2, 256 / (p / 2)))
-        assert smem <= 48 * 1024, smem  # the shim's arena
+        # the patch, so every block-stride loop wraps (the GPU runs (p / 2, 256 / (p / 2)));
+        # the MMA kind's warps take turns over its tasks as the GPU's eight do
+        assert smem <= 160 * 1024, smem  # the shim's arena
         fn = self._lib.host_fused_u32 if bits == 32 else self._lib.host_fused_u16
+        overflows = self._lib.host_smem_overflows()
         fn(
             _dims(grid),
-            _dims(self.block),
+            _dims(self.mma_block if kind == "mma" else self.block),
             _p(src),
             _p(mid),
             _p(desc),
@@ -134,5 +147,7 @@ class HostLauncher:
             ctypes.c_int(patch),
             ctypes.c_int(first_tile),
             ctypes.c_int(channels),
-            ctypes.c_int(int(plain)),
+            ctypes.c_int(KINDS[kind]),
+            ctypes.c_uint(smem),
         )
+        assert self._lib.host_smem_overflows() == overflows, "a tile outgrew its shared memory"

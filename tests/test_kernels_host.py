@@ -31,8 +31,13 @@ from PIL import Image
 
 
 @pytest.fixture(scope="module")
-def host(tmp_path_factory: pytest.TempPathFactory) -> HostLauncher:
-    return HostLauncher(build(tmp_path_factory.mktemp("kernels")))
+def host_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build(tmp_path_factory.mktemp("kernels"))
+
+
+@pytest.fixture(scope="module")
+def host(host_lib: Path) -> HostLauncher:
+    return HostLauncher(host_lib)
 
 
 def test_descriptor_fields_match_the_cuda_enum() -> None:
@@ -149,15 +154,25 @@ def test_layout_groups_tiles_by_channels_for_one_launch_each() -> None:
     starts = [int(r[FIELDS.index("TILE_START")]) for r in layout.desc]
     # gray first (2 tiles), then both RGB images (1 each), then RGBA (1); all unresized and
     # tiled, so each goes to the plain kernel
-    assert layout.tile_groups == ((1, True, 0, 2), (3, True, 2, 2), (4, True, 4, 1))
+    assert layout.tile_groups == ((1, "plain", 0, 2), (3, "plain", 2, 2), (4, "plain", 4, 1))
     assert starts == [2, 0, 4, 3] and layout.tile_image.tolist() == [1, 1, 0, 3, 2]
     # a resized RGB image: its own launch of the general kernel, before the plain one
     down = ImageJob(in_w=80, in_h=40, ch=3, out_w=56, out_h=28, patches=8, grid_w=4)
     mixed = layout_of((rgb, down, rgb), (13, 0), 14)
-    assert mixed.tile_groups == ((3, False, 0, 1), (3, True, 1, 2))
+    assert mixed.tile_groups == ((3, "general", 0, 1), (3, "plain", 1, 2))
     assert mixed.tile_image.tolist() == [1, 0, 2]
+    # with tensor cores it takes the MMA kernel; a tall one (vertical pass first), RGBA, and
+    # an odd patch still take the general one
+    tall = ImageJob(in_w=30, in_h=100, ch=3, out_w=28, out_h=56, patches=8, grid_w=2)
+    rgba_down = ImageJob(in_w=80, in_h=40, ch=4, out_w=56, out_h=28, patches=8, grid_w=4)
+    cores = layout_of((rgb, down, tall, rgba_down), (13, 0), 14, tensor_cores=True)
+    kinds = [(3, "general"), (3, "plain"), (3, "mma"), (4, "general")]
+    assert [g[:2] for g in cores.tile_groups] == kinds
+    assert cores.tile_image.tolist() == [2, 0, 1, 3] and cores.mma_smem_bytes > 0
+    odd = ImageJob(in_w=80, in_h=40, ch=3, out_w=60, out_h=30, patches=8, grid_w=4)
+    assert layout_of((odd,), (13, 0), 15, tensor_cores=True).tile_groups[0][1] == "general"
     # untiled (no shared memory): the general kernel reads global memory, a patch a tile
-    assert layout_of((rgb,), (13, 0), 14, 0).tile_groups == ((3, False, 0, 8),)
+    assert layout_of((rgb,), (13, 0), 14, 0).tile_groups == ((3, "general", 0, 8),)
 
 
 def test_layout_rejects_impossible_jobs() -> None:
@@ -191,6 +206,29 @@ def test_host_fused_kernel_gives_the_same_bytes_for_any_block_shape(
         got_pv, _ = kernels(items, torch.float32, "cpu", host)
     finally:
         host.block = (5, 3)
+    assert differing(got_pv, want_pv) == 0
+
+
+@pytest.mark.parametrize("warps", [1, 3])
+def test_host_mma_kernel_gives_the_same_bytes_for_any_number_of_warps(
+    host: HostLauncher, rng: np.random.Generator, warps: int
+) -> None:
+    items = case("tensor_core_scales", rng)
+    want_pv, _ = reference(items, torch.bfloat16)
+    host.mma_block = (32, warps)
+    try:
+        got_pv, _ = kernels(items, torch.bfloat16, "cpu", host)
+    finally:
+        host.mma_block = (32, 2)
+    assert differing(got_pv, want_pv) == 0
+
+
+def test_host_kernels_without_tensor_cores_take_the_general_kernel(
+    host_lib: Path, rng: np.random.Generator
+) -> None:
+    items = case("tensor_core_scales", rng)
+    want_pv, _ = reference(items, torch.float32)
+    got_pv, _ = kernels(items, torch.float32, "cpu", HostLauncher(host_lib, tensor_cores=False))
     assert differing(got_pv, want_pv) == 0
 
 

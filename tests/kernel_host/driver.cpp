@@ -1,6 +1,7 @@
 // The host build of kernels/pixels.cu (see shim.h), with C entry points for ctypes that
 // run a whole launch: every block of the grid in order; the threads of a block in order,
 // or (for the kernel with barriers) as real threads.
+#include <deque>
 #include <thread>
 #include <vector>
 
@@ -30,6 +31,12 @@ static void run_threads(const unsigned grid[2], const unsigned block[2], F kerne
   if (n == 0 || n > 1024) return;  // the Python side checks the shape
   std::barrier<> barrier(n);
   mmwire_block_barrier = &barrier;
+  // warps of 32 consecutive threads (the last one shorter) for the tensor-core emulation
+  std::deque<std::barrier<>> meets;
+  for (unsigned i = 0; i < n; i += 32) meets.emplace_back(std::min(32u, n - i));
+  std::vector<mmwire_warp> warps(meets.size());
+  for (size_t i = 0; i < warps.size(); ++i) warps[i].meet = &meets[i];
+  mmwire_warps = warps.data();
   for (unsigned bx = 0; bx < grid[0]; ++bx)
     for (unsigned by = 0; by < grid[1]; ++by) {
       blockIdx = {bx, by, 0};
@@ -43,6 +50,7 @@ static void run_threads(const unsigned grid[2], const unsigned block[2], F kerne
       for (auto& t : threads) t.join();
     }
   mmwire_block_barrier = nullptr;
+  mmwire_warps = nullptr;
 }
 
 extern "C" void host_pass1(const unsigned* grid, const unsigned* block, const u8* src, u8* mid,
@@ -58,27 +66,34 @@ extern "C" void host_pass2(const unsigned* grid, const unsigned* block, const u8
 template <typename T>
 static void fused_any(const unsigned* grid, const unsigned* block, const u8* src, const u8* mid,
                       const i64* desc, const int* tab, const T* table, const int* tiles, T* out,
-                      int p, int first, int ch, int plain) {
+                      int p, int first, int ch, int kind, unsigned smem) {
+  mmwire_smem_asked = smem;
   run_threads(grid, block, [&] {
-    if (ch == 1 && !plain) fused<T, 1, false>(src, mid, desc, tab, table, tiles, out, p, first);
-    if (ch == 3 && !plain) fused<T, 3, false>(src, mid, desc, tab, table, tiles, out, p, first);
-    if (ch == 4 && !plain) fused<T, 4, false>(src, mid, desc, tab, table, tiles, out, p, first);
-    if (ch == 1 && plain) fused<T, 1, true>(src, mid, desc, tab, table, tiles, out, p, first);
-    if (ch == 3 && plain) fused<T, 3, true>(src, mid, desc, tab, table, tiles, out, p, first);
-    if (ch == 4 && plain) fused<T, 4, true>(src, mid, desc, tab, table, tiles, out, p, first);
+    if (ch == 1 && kind == GENERAL) fused<T, 1, GENERAL>(src, mid, desc, tab, table, tiles, out, p, first);
+    if (ch == 3 && kind == GENERAL) fused<T, 3, GENERAL>(src, mid, desc, tab, table, tiles, out, p, first);
+    if (ch == 4 && kind == GENERAL) fused<T, 4, GENERAL>(src, mid, desc, tab, table, tiles, out, p, first);
+    if (ch == 1 && kind == PLAIN) fused<T, 1, PLAIN>(src, mid, desc, tab, table, tiles, out, p, first);
+    if (ch == 3 && kind == PLAIN) fused<T, 3, PLAIN>(src, mid, desc, tab, table, tiles, out, p, first);
+    if (ch == 4 && kind == PLAIN) fused<T, 4, PLAIN>(src, mid, desc, tab, table, tiles, out, p, first);
+    if (ch == 1 && kind == MMA) fused<T, 1, MMA>(src, mid, desc, tab, table, tiles, out, p, first);
+    if (ch == 3 && kind == MMA) fused<T, 3, MMA>(src, mid, desc, tab, table, tiles, out, p, first);
   });
 }
 
 extern "C" void host_fused_u32(const unsigned* grid, const unsigned* block, const u8* src,
                                const u8* mid, const i64* desc, const int* tab,
                                const unsigned int* table, const int* tiles, unsigned int* out,
-                               int p, int first, int ch, int plain) {
-  fused_any(grid, block, src, mid, desc, tab, table, tiles, out, p, first, ch, plain);
+                               int p, int first, int ch, int kind, unsigned smem) {
+  fused_any(grid, block, src, mid, desc, tab, table, tiles, out, p, first, ch, kind, smem);
 }
 
 extern "C" void host_fused_u16(const unsigned* grid, const unsigned* block, const u8* src,
                                const u8* mid, const i64* desc, const int* tab,
                                const unsigned short* table, const int* tiles,
-                               unsigned short* out, int p, int first, int ch, int plain) {
-  fused_any(grid, block, src, mid, desc, tab, table, tiles, out, p, first, ch, plain);
+                               unsigned short* out, int p, int first, int ch, int kind,
+                               unsigned smem) {
+  fused_any(grid, block, src, mid, desc, tab, table, tiles, out, p, first, ch, kind, smem);
 }
+
+// How many MMA tiles so far laid out more shared memory than their launch asked for.
+extern "C" unsigned long host_smem_overflows() { return mmwire_smem_overflows; }

@@ -6,6 +6,7 @@
 // intrinsics.
 #pragma once
 #include <algorithm>
+#include <atomic>
 #include <barrier>
 #include <cmath>
 
@@ -27,8 +28,8 @@ static inline void __syncthreads() {
   if (mmwire_block_barrier != nullptr) mmwire_block_barrier->arrive_and_wait();
 }
 
-// Dynamic shared memory: a fixed arena (the launches ask for at most 48 KiB).
-static unsigned mmwire_dynamic_smem[48 * 1024 / sizeof(unsigned)];
+// Dynamic shared memory: a fixed arena (the launches ask for at most 160 KiB).
+static unsigned mmwire_dynamic_smem[160 * 1024 / sizeof(unsigned)];
 static inline unsigned* dynamic_smem() { return mmwire_dynamic_smem; }
 
 // The CUDA intrinsics the kernels use, with their documented semantics.
@@ -51,3 +52,45 @@ static inline float __fdiv_rn(float a, float b) { return a / b; }
 static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline float __fsub_rn(float a, float b) { return a - b; }
+
+// The warp-level int8 matrix product of the tensor-core passes (mma.sync m16n8k32, s32
+// accumulators): the 32 lanes of a warp (consecutive threads of the block) post their
+// fragments, meet, and each adds its four results from the whole A (16 x 32) and B (32 x 8),
+// read through the PTX fragment layout (lane = 4 g + t; A: a0 (g, 4t..), a1 (g + 8, 4t..),
+// a2 (g, 16 + 4t..), a3 (g + 8, 16 + 4t..); B: b0 (4t.., g), b1 (16 + 4t.., g); D: d0, d1
+// (g, 2t, 2t + 1), d2, d3 (g + 8, ...)).
+struct mmwire_warp {
+  std::barrier<>* meet;
+  unsigned a[32][4];
+  unsigned b[32][2];
+};
+static mmwire_warp* mmwire_warps = nullptr;  // the running block's, set by the driver
+
+template <bool A_SIGNED>
+static inline void mma_k32(int (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  const unsigned tid = threadIdx.y * blockDim.x + threadIdx.x, lane = tid % 32;
+  mmwire_warp& w = mmwire_warps[tid / 32];
+  for (int i = 0; i < 4; ++i) w.a[lane][i] = a[i];
+  w.b[lane][0] = b0;
+  w.b[lane][1] = b1;
+  w.meet->arrive_and_wait();
+  const unsigned g = lane / 4, t = lane % 4;
+  for (int e = 0; e < 4; ++e) {
+    const unsigned row = g + 8 * (e / 2), col = 2 * t + e % 2;
+    int sum = 0;
+    for (unsigned k = 0; k < 32; ++k) {
+      const unsigned aw = w.a[(row % 8) * 4 + (k % 16) / 4][row / 8 + 2 * (k / 16)];
+      const unsigned bw = w.b[col * 4 + (k % 16) / 4][k / 16];
+      const unsigned ab = (aw >> (8 * (k % 4))) & 255, bb = (bw >> (8 * (k % 4))) & 255;
+      sum += (A_SIGNED ? (int)(signed char)ab : (int)ab) * (int)bb;
+    }
+    d[e] = (int)((unsigned)d[e] + (unsigned)sum);
+  }
+  w.meet->arrive_and_wait();
+}
+
+// The MMA tiles check the shared memory they lay out against what the launch asked for.
+static unsigned long mmwire_smem_asked = 0;
+static std::atomic<unsigned long> mmwire_smem_overflows{0};
+#define MMWIRE_SMEM_CHECK(bytes) \
+  if ((unsigned long)(bytes) > mmwire_smem_asked) ++mmwire_smem_overflows;
