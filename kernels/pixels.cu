@@ -524,21 +524,29 @@ __device__ __forceinline__ int reach_of(const int* __restrict__ tab, const Axis&
   return reach;
 }
 
-// A lane's A fragments of one M-block, per byte plane and 32-input step: outputs o0 + g and
-// o0 + g + 8 (g = lane / 4), inputs at + 32 s + 16 h + 4 t + 0..3 (t = lane % 4). Outputs
-// past the axis (canvas padding) get no weights, so they come out 0.
+// One past the last input that output o's taps read (o clipped to the axis).
+__device__ __forceinline__ int last_tap(const int* __restrict__ tab, const Axis& ax, int o) {
+  o = min(o, ax.size - 1);
+  return tab[ax.xmin + o] + tab[ax.n + o];
+}
+
+// A lane's A fragments of one M-block, per byte plane and 32-input step (the first `steps`;
+// the same for the whole warp): outputs o0 + g and o0 + g + 8 (g = lane / 4), inputs at +
+// 32 s + 16 h + 4 t + 0..3 (t = lane % 4). Outputs past the axis (canvas padding) get no
+// weights, so they come out 0.
 template <int KS>
 __device__ __forceinline__ void weight_frags(const int* __restrict__ tab, const Axis& ax, int o0,
-                                             int at, int lane, unsigned (&a)[3][KS][4]) {
+                                             Span span, int lane, unsigned (&a)[3][KS][4]) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int o = o0 + (lane >> 2) + 8 * r;
     const bool live = o < ax.size;
     const int n = live ? tab[ax.n + o] : 0;
-    const int i0 = at + 4 * (lane & 3) - (live ? tab[ax.xmin + o] : 0);  // tap of k = 0
+    const int i0 = span.at + 4 * (lane & 3) - (live ? tab[ax.xmin + o] : 0);  // tap of k = 0
     const int* k = tab + ax.k + (i64)(live ? o : 0) * ax.ksize;
 #pragma unroll
     for (int s = 0; s < KS; ++s) {
+      if (s >= span.steps) break;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         unsigned b0 = 0, b1 = 0, b2 = 0;
@@ -558,31 +566,36 @@ __device__ __forceinline__ void weight_frags(const int* __restrict__ tab, const 
   }
 }
 
-// One pass of a tile: `blocks` M-blocks of 16 outputs from o_first, times `lines` N-blocks
-// of 8 lines; line(nb, g) is line g of N-block nb (its k = 0 at window coordinate w0).
-// Each warp takes a contiguous run of the (M-block, N-block) tasks, so it computes an
-// M-block's weights about once; done(j, nb, v) gets the lane's four clamped bytes: v[0],
-// v[1] at output 16 j + g, lines 2 t and 2 t + 1 of the N-block; v[2], v[3] at output + 8.
-template <typename Line, typename Done>
+// One pass of a tile: `blocks` M-blocks of 16 outputs from o_first, times CH channels x
+// `lbs` N-blocks of 8 lines; line(c, lb, g) is line g of N-block lb of channel c (its k = 0
+// at window coordinate w0). Each warp takes a contiguous run of the (M-block, channel,
+// N-block) tasks, counted without dividing, so it computes an M-block's weights about
+// once; done(j, c, lb, v) gets the lane's four clamped bytes: v[0], v[1] at output 16 j + g,
+// lines 2 t and 2 t + 1 of the N-block; v[2], v[3] at output + 8.
+template <int CH, typename Line, typename Done>
 __device__ __forceinline__ void mma_pass(const int* __restrict__ tab, const Axis& ax,
-                                         int o_first, int w0, int blocks, int lines, Line line,
+                                         int o_first, int w0, int blocks, int lbs, Line line,
                                          Done done) {
   const int tid = threadIdx.y * blockDim.x + threadIdx.x;
   const int lane = tid & 31, warp = tid >> 5, warps = (blockDim.x * blockDim.y) >> 5;
-  const int tasks = blocks * lines;
-  const int last = (warp + 1) * tasks / warps;
+  const int per_block = CH * lbs, tasks = blocks * per_block;
+  const int first = warp * tasks / warps, last = (warp + 1) * tasks / warps;
+  int j = first / per_block, lb = first - j * per_block, c = 0;
+  if (CH > 1) {
+    c = lb / lbs;
+    lb -= c * lbs;
+  }
   unsigned a[3][MMA_KS][4];
   int cur = -1, kb = 0, steps = 0;
-  for (int task = warp * tasks / warps; task < last; ++task) {
-    const int j = task / lines, nb = task - j * lines;
+  for (int task = first; task < last; ++task) {
     if (j != cur) {
       cur = j;
       const Span s = span_of(tab, ax, o_first + 16 * j);
       kb = s.at - w0;
       steps = s.steps;
-      weight_frags<MMA_KS>(tab, ax, o_first + 16 * j, s.at, lane, a);
+      weight_frags<MMA_KS>(tab, ax, o_first + 16 * j, s, lane, a);
     }
-    const u8* l = line(nb, lane >> 2) + kb + 4 * (lane & 3);
+    const u8* l = line(c, lb, lane >> 2) + kb + 4 * (lane & 3);
     int acc[3][4] = {{1 << 21, 1 << 21, 1 << 21, 1 << 21}, {0, 0, 0, 0}, {0, 0, 0, 0}};
 #pragma unroll
     for (int s = 0; s < MMA_KS; ++s) {
@@ -601,7 +614,14 @@ __device__ __forceinline__ void mma_pass(const int* __restrict__ tab, const Axis
                            ((unsigned)acc[2][e] << 16);
       v[e] = min(max((int)sum >> 22, 0), 255);
     }
-    done(j, nb, v);
+    done(j, c, lb, v);
+    if (++lb == lbs) {
+      lb = 0;
+      if (++c == CH) {
+        c = 0;
+        ++j;
+      }
+    }
   }
 }
 
@@ -645,9 +665,8 @@ template <int CH, typename T>
 __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* d,
                                          const int* __restrict__ tab, const T* tb,
                                          T* __restrict__ out, int tile, int p, u8* sm) {
-  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
-  const int lane = tid & 31, warp = tid >> 5, warps = (blockDim.x * blockDim.y) >> 5;
-  const int g = lane >> 2, t = lane & 3;
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x, nt = blockDim.x * blockDim.y;
+  const int g = (tid & 31) >> 2, t = tid & 3;  // the lane's group and place in it
   const int tiles_w = (int)d[TILES_W], tph = (int)d[TILE_PH], tpw = (int)d[TILE_PW];
   const int gw = (int)d[GRID_W];
   const int trow = tile / tiles_w;
@@ -659,50 +678,47 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
   const Axis ay = {(int)d[Y_XMIN], (int)d[Y_N], (int)d[Y_K], (int)d[Y_KSIZE], (int)d[OUT_H]};
   const int wx = span_of(tab, ax, x0).at, wy = span_of(tab, ay, y0).at;  // the window's origin
   const int wc = reach_of(tab, ax, x0, mx, wx), wr = reach_of(tab, ay, y0, my, wy);
+  // the inputs the tile's taps use (the rest of the window is read only with weight 0, so
+  // it is neither staged nor passed)
+  const int uc = last_tap(tab, ax, x0 + 16 * mx - 1) - wx;
+  const int ur = last_tap(tab, ay, y0 + 16 * my - 1) - wy;
   const int wr8 = (wr + 7) & ~7, wcp = mma_pitch(wc), wrp = mma_pitch(wr);
   const int win_plane = wr8 * wcp, mid_plane = 16 * mx * wrp;
   u8* win = sm;
   u8* mid = sm + CH * win_plane;
   MMWIRE_SMEM_CHECK(CH * (win_plane + mid_plane));
-  {  // the window: its rows and columns inside the image (the rest is never weighted)
-    const int in_w = (int)d[IN_W];
-    const int rows = min(wr, (int)d[IN_H] - wy), cols = min(wc, in_w - wx);
+  {  // the window's rows and columns that the taps use, 4 pixels a thread at a time
+    const int in_w = (int)d[IN_W], groups = (uc + 3) >> 2;
+    const unsigned magic = 0xffffffffu / (unsigned)groups + 1u;  // i / groups (i < 2^16)
     const u8* s = src + d[SRC_OFF] + ((i64)wy * in_w + wx) * CH;
-    for (int r = warp; r < rows; r += warps) {
-      for (int c = 4 * lane; c < cols; c += 128) {
-        stage_planes<CH>(s + (i64)r * in_w * CH, c, cols, win + r * wcp, win_plane);
-      }
+    for (int i = tid; i < ur * groups; i += nt) {
+      const int r = groups == 1 ? i : (int)__umulhi((unsigned)i, magic);
+      const int c = 4 * (i - r * groups);
+      stage_planes<CH>(s + (i64)r * in_w * CH, c, uc, win + r * wcp, win_plane);
     }
   }
   __syncthreads();  // the window (and the block's normalise table) is in place
   // horizontal: output columns x0 .. (M) times 8 window rows of a channel (N) into the
   // intermediate, a column of window rows per output column
-  const int rbs = wr8 >> 3;
-  mma_pass(
-      tab, ax, x0, wx, mx, rbs * CH,
-      [&](int nb, int line) {
-        const int c = nb / rbs;
-        return win + c * win_plane + ((nb - c * rbs) * 8 + line) * wcp;
-      },
-      [&](int j, int nb, const int v[4]) {
-        const int c = nb / rbs;
-        u8* m = mid + c * mid_plane + (16 * j + g) * wrp + (nb - c * rbs) * 8 + 2 * t;
+  const int rbs = (ur + 7) >> 3;
+  mma_pass<CH>(
+      tab, ax, x0, wx, mx, rbs,
+      [&](int c, int rb, int line) { return win + c * win_plane + (rb * 8 + line) * wcp; },
+      [&](int j, int c, int rb, const int v[4]) {
+        u8* m = mid + c * mid_plane + (16 * j + g) * wrp + rb * 8 + 2 * t;
         *(unsigned short*)m = (unsigned short)(v[0] | v[1] << 8);
         *(unsigned short*)(m + 8 * wrp) = (unsigned short)(v[2] | v[3] << 8);
       });
   __syncthreads();  // the intermediate is in place
   // vertical: output rows y0 .. (M) times 8 columns of a channel (N), into the patches
-  const int xbs = (tw + 7) >> 3, pp = p * p;
+  const int pp = p * p;
   const int inv_p = (65536 + p - 1) / p;  // x / p == (x * inv_p) >> 16 for x < 65536 / p
   const i64 first_patch = d[ROW] + (i64)gy0 * gw + gx0;
-  mma_pass(
-      tab, ay, y0, wy, my, xbs * CH,
-      [&](int nb, int line) {
-        const int c = nb / xbs;
-        return mid + c * mid_plane + ((nb - c * xbs) * 8 + line) * wrp;
-      },
-      [&](int i, int nb, const int v[4]) {
-        const int c = nb / xbs, x = (nb - c * xbs) * 8 + 2 * t;
+  mma_pass<CH>(
+      tab, ay, y0, wy, my, (tw + 7) >> 3,
+      [&](int c, int xb, int line) { return mid + c * mid_plane + (xb * 8 + line) * wrp; },
+      [&](int i, int c, int xb, const int v[4]) {
+        const int x = xb * 8 + 2 * t;
         if (x >= tw) return;
         const int kx = (x * inv_p) >> 16, px = x - kx * p;  // p even: x, x + 1 share a patch
 #pragma unroll

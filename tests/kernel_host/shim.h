@@ -39,6 +39,9 @@ static inline unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned shift)
   shift &= 31;
   return shift == 0 ? lo : (lo >> shift) | (hi << (32 - shift));
 }
+static inline unsigned __umulhi(unsigned a, unsigned b) {
+  return (unsigned)(((unsigned long long)a * b) >> 32);
+}
 static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
   const unsigned long long bytes = ((unsigned long long)y << 32) | x;
   unsigned r = 0;
