@@ -76,10 +76,13 @@ KINDS: dict[Kind, int] = {"general": 0, "plain": 1, "mma": 2}
 """The fused kernel's kinds (``enum Kind`` in ``pixels.cu``): the general kernel; ``plain``
 for unresized TILED images (no resize code); ``mma`` for RGB or gray images resized on both
 axes, horizontal pass first, with an even patch (the passes on the int8 tensor cores)."""
-MMA_SMEM_BYTES = 40 * 1024
+MMA_TILE_PIXELS = (64, 64)
+"""About how many canvas rows and columns one MMA tile covers (as ``TILE_PIXELS``)."""
+MMA_SMEM_BYTES = 64 * 1024
 """The most shared memory one MMA tile's window planes and intermediate may take (more
 than 48 KiB makes the launcher opt in)."""
 _MMA_STEPS = 2
+_MMA_MAX_BLOCKS = 16  # MMA_MAX_BLOCKS: 16-output blocks along one side of a tile
 """``MMA_KS`` in ``pixels.cu``: the most 32-input steps one block of 16 outputs may read
 (downscales to about 0.35 of a side); an image needing more takes the general kernel."""
 
@@ -206,12 +209,16 @@ Measure = Callable[[tuple[int, int]], tuple[int, float] | None]
 
 
 def _tile_for(
-    job: ImageJob, patch: int, budget: int, measure: Measure
+    job: ImageJob,
+    patch: int,
+    budget: int,
+    measure: Measure,
+    pixels: tuple[int, int] = TILE_PIXELS,
 ) -> tuple[int, int, int] | None:
     """The tile (patches down, across) whose shared memory fits: of the largest area that
     fits, the shape with the least work per pixel (an image resized rows first gets taller
     tiles, so its first pass makes fewer halo rows); and its bytes."""
-    th, tw = max(1, TILE_PIXELS[0] // patch), max(1, TILE_PIXELS[1] // patch)
+    th, tw = max(1, pixels[0] // patch), max(1, pixels[1] // patch)
     for shapes in _tile_shapes(th * tw):
         fits = []  # (work per pixel, not the configured shape, shape, bytes)
         for tile in shapes:
@@ -238,14 +245,15 @@ def _mma_pitch(n: int) -> int:
 
 
 def _mma_reach(c: Any, size: int, starts: Any, blocks: int) -> tuple[int, int]:
-    """For tiles whose outputs start at ``starts``: the longest window their ``blocks``
-    M-blocks of 16 outputs read from the first one's aligned first tap, and the most
-    32-input steps of one block (``span_of`` and ``reach_of`` in ``pixels.cu``)."""
+    """For tiles whose outputs start at ``starts``: the most inputs their ``blocks``
+    M-blocks of 16 outputs use, from the first one's first tap aligned down to 4, and the
+    most 32-input steps of one block (``span_of`` and ``last_tap`` in ``pixels.cu``)."""
     o0 = np.asarray(starts)[:, None] + 16 * np.arange(blocks)[None, :]
     first, last = np.minimum(o0, size - 1), np.minimum(o0 + 15, size - 1)
     at = c.xmin[first] & ~3
     steps = (c.xmin[last] + c.n[last] - at + 31) >> 5
-    return int((at - at[:, :1] + 32 * steps).max()), int(steps.max())
+    used = c.xmin[last[:, -1]] + c.n[last[:, -1]] - at[:, 0]
+    return int(used.max()), int(steps.max())
 
 
 def _mma_measure(job: ImageJob, patch: int) -> Measure:
@@ -256,13 +264,18 @@ def _mma_measure(job: ImageJob, patch: int) -> Measure:
     def measure(tile: tuple[int, int]) -> tuple[int, float] | None:
         th, tw = tile[0] * patch, tile[1] * patch
         my, mx = -(-th // 16), -(-tw // 16)
-        wr, sy = _mma_reach(cy, job.out_h, np.arange(0, grid_h, tile[0]) * patch, my)
-        wc, sx = _mma_reach(cx, job.out_w, np.arange(0, job.grid_w, tile[1]) * patch, mx)
-        if max(sx, sy) > _MMA_STEPS:
+        if max(my, mx) > _MMA_MAX_BLOCKS:
             return None
-        wr8 = -(-wr // 8) * 8
-        need = job.ch * (wr8 * _mma_pitch(wc) + 16 * mx * _mma_pitch(wr))
-        products = mx * (wr8 // 8) * sx + my * -(-tw // 8) * sy  # per channel
+        ur, sy = _mma_reach(cy, job.out_h, np.arange(0, grid_h, tile[0]) * patch, my)
+        uc, sx = _mma_reach(cx, job.out_w, np.arange(0, job.grid_w, tile[1]) * patch, mx)
+        ks = max(sx, sy)
+        if ks > _MMA_STEPS:
+            return None
+        ur8 = -(-ur // 8) * 8
+        frags = max(mx, my) * ks * 3 * 512  # one pass's weight fragments
+        planes = ur8 * _mma_pitch(uc) + 16 * mx * _mma_pitch(ur8)  # window, intermediate
+        need = job.ch * planes + 2 * 32 * ks + frags  # and the slack after each
+        products = mx * (ur8 // 8) * sx + my * -(-tw // 8) * sy  # per channel
         return need, 128 * products / (th * tw)
 
     return measure
@@ -340,7 +353,7 @@ def layout_of(
                 and job.ch in (1, 3)
                 and (p1, p2) == (_HORIZONTAL, _VERTICAL)
             ):
-                fit = _tile_for(job, patch, mma_smem, _mma_measure(job, patch))
+                fit = _tile_for(job, patch, mma_smem, _mma_measure(job, patch), MMA_TILE_PIXELS)
                 kind = "mma" if fit is not None else kind
             if fit is None:
                 fit = _tile_for(job, patch, tile_smem, _general_measure(job, (p1, p2), patch))

@@ -471,6 +471,7 @@ __device__ __forceinline__ void plain_runs(const u8* __restrict__ s0, i64 row, c
 // lane two neighbouring pixels of a patch row, which go out through the normalise table.
 
 #define MMA_KS 2  // the most 32-input steps of one 16-output block (host: _MMA_STEPS)
+#define MMA_MAX_BLOCKS 16  // the most M-blocks along a tile's side (host: _MMA_MAX_BLOCKS)
 
 #ifndef MMWIRE_HOST_SHIM
 // d += A (16 x 32, row) * B (32 x 8, col); A signed or unsigned bytes, B unsigned bytes.
@@ -513,68 +514,94 @@ __device__ __forceinline__ Span span_of(const int* __restrict__ tab, const Axis&
   return {at, (tab[ax.xmin + l] + tab[ax.n + l] - at + 31) >> 5};
 }
 
-// How far past w0 the M-blocks from o0 (`blocks` of them) read: the window's length.
-__device__ __forceinline__ int reach_of(const int* __restrict__ tab, const Axis& ax, int o0,
-                                        int blocks, int w0) {
-  int reach = 0;
-  for (int j = 0; j < blocks; ++j) {
-    const Span s = span_of(tab, ax, o0 + 16 * j);
-    reach = max(reach, s.at - w0 + 32 * s.steps);
-  }
-  return reach;
-}
-
 // One past the last input that output o's taps read (o clipped to the axis).
 __device__ __forceinline__ int last_tap(const int* __restrict__ tab, const Axis& ax, int o) {
   o = min(o, ax.size - 1);
   return tab[ax.xmin + o] + tab[ax.n + o];
 }
 
-// A lane's A fragments of one M-block, per byte plane and 32-input step (the first `steps`;
-// the same for the whole warp): outputs o0 + g and o0 + g + 8 (g = lane / 4), inputs at +
-// 32 s + 16 h + 4 t + 0..3 (t = lane % 4). Outputs past the axis (canvas padding) get no
-// weights, so they come out 0.
-template <int KS>
-__device__ __forceinline__ void weight_frags(const int* __restrict__ tab, const Axis& ax, int o0,
-                                             Span span, int lane, unsigned (&a)[3][KS][4]) {
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int o = o0 + (lane >> 2) + 8 * r;
+// The A fragments of `blocks` M-blocks from o_first, per byte plane q and 32-input step s
+// (the first `steps` of each block; ks <= MMA_KS the most of any), filled by the block's
+// threads together: lane L's four words are at frags + ((j * ks + s) * 3 + q) * 128 + 4 L,
+// for one 16-byte load. Word
+// `reg` of lane (g, t) holds outputs o + g (reg 0, 2) or o + g + 8 (reg 1, 3), inputs at +
+// 32 s + 4 t + 0..3 (reg 0, 1) or + 16 more (reg 2, 3). Outputs past the axis (canvas
+// padding) get no weights, so they come out 0.
+__device__ __forceinline__ void fill_frags(const int* __restrict__ tab, const Axis& ax,
+                                           const Span* spans, int o_first, int blocks, int ks,
+                                           unsigned* frags, int tid, int nt) {
+  for (int idx = tid; idx < blocks * ks * 128; idx += nt) {
+    const int reg = idx & 3, lane = (idx >> 2) & 31, js = idx >> 7;
+    const int j = ks == 1 ? js : js >> 1, s = js - j * ks;
+    const Span span = spans[j];
+    if (s >= span.steps) continue;
+    const int o = o_first + 16 * j + (lane >> 2) + 8 * (reg & 1);
     const bool live = o < ax.size;
     const int n = live ? tab[ax.n + o] : 0;
-    const int i0 = span.at + 4 * (lane & 3) - (live ? tab[ax.xmin + o] : 0);  // tap of k = 0
+    const int i0 = span.at + 32 * s + 16 * (reg >> 1) + 4 * (lane & 3) -
+                   (live ? tab[ax.xmin + o] : 0);  // the tap of the word's first input
     const int* k = tab + ax.k + (i64)(live ? o : 0) * ax.ksize;
+    unsigned b0 = 0, b1 = 0, b2 = 0;
 #pragma unroll
-    for (int s = 0; s < KS; ++s) {
-      if (s >= span.steps) break;
+    for (int e = 0; e < 4; ++e) {
+      const int i = i0 + e;
+      const unsigned w = (0 <= i && i < n) ? (unsigned)k[i] : 0u;
+      b0 |= (w & 255u) << (8 * e);
+      b1 |= ((w >> 8) & 255u) << (8 * e);
+      b2 |= ((w >> 16) & 255u) << (8 * e);
+    }
+    unsigned* f = frags + js * 3 * 128 + 4 * lane + reg;
+    f[0] = b0;
+    f[128] = b1;
+    f[256] = b2;
+  }
+}
+
+struct __align__(16) Words4 {
+  unsigned w[4];
+};
+
+// One pass of a tile: `blocks` M-blocks of 16 outputs (their spans), times CH channels x
+// `lbs` N-blocks of 8 lines; line(c, lb, g) is line g of N-block lb of channel c (its k = 0
+// at the first block's first input). Each warp takes a contiguous run of the (M-block, channel,
+// N-block) tasks, counted without dividing; at each new M-block j it loads the block's
+// weights (fill_frags) and calls begin(j), then done(c, lb, v) gets each task's four clamped bytes as
+// two pairs of 16-bit halves: v[0] at output 16 j + g, lines 2 t (low half) and 2 t + 1
+// (high) of the N-block; v[1] at output 16 j + g + 8.
+// acc += the three byte planes' products of one N-block (its lane's k words at l).
+__device__ __forceinline__ void products(const unsigned (&a)[3][MMA_KS][4], const u8* l,
+                                         int steps, int (&acc)[3][4]) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        unsigned b0 = 0, b1 = 0, b2 = 0;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = i0 + 32 * s + 16 * h + e;
-          const unsigned w = (0 <= i && i < n) ? (unsigned)k[i] : 0u;
-          b0 |= (w & 255u) << (8 * e);
-          b1 |= ((w >> 8) & 255u) << (8 * e);
-          b2 |= ((w >> 16) & 255u) << (8 * e);
-        }
-        a[0][s][r + 2 * h] = b0;
-        a[1][s][r + 2 * h] = b1;
-        a[2][s][r + 2 * h] = b2;
-      }
+  for (int s = 0; s < MMA_KS; ++s) {
+    if (s == 0 || s < steps) {  // steps >= 1; the same for the whole warp
+      const unsigned b0 = *(const unsigned*)(l + 32 * s);
+      const unsigned b1 = *(const unsigned*)(l + 32 * s + 16);
+      mma_k32<false>(acc[0], a[0][s], b0, b1);
+      mma_k32<false>(acc[1], a[1][s], b0, b1);
+      mma_k32<true>(acc[2], a[2][s], b0, b1);
     }
   }
 }
 
-// One pass of a tile: `blocks` M-blocks of 16 outputs from o_first, times CH channels x
-// `lbs` N-blocks of 8 lines; line(c, lb, g) is line g of N-block lb of channel c (its k = 0
-// at window coordinate w0). Each warp takes a contiguous run of the (M-block, channel,
-// N-block) tasks, counted without dividing, so it computes an M-block's weights about
-// once; done(j, c, lb, v) gets the lane's four clamped bytes: v[0], v[1] at output 16 j + g,
-// lines 2 t and 2 t + 1 of the N-block; v[2], v[3] at output + 8.
-template <int CH, typename Line, typename Done>
-__device__ __forceinline__ void mma_pass(const int* __restrict__ tab, const Axis& ax,
-                                         int o_first, int w0, int blocks, int lbs, Line line,
+// The planes' sums as Pillow's accumulator, >> 22 (within -640 .. 639) and clamped to a
+// byte, two at a time as 16-bit halves: v[r] holds outputs 2 r (low) and 2 r + 1 (high).
+__device__ __forceinline__ void clamp_q22(const int (&acc)[3][4], unsigned (&v)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    int q[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int x = 2 * r + e;
+      q[e] = (int)((unsigned)acc[0][x] + ((unsigned)acc[1][x] << 8) +
+                   ((unsigned)acc[2][x] << 16)) >> 22;
+    }
+    v[r] = __vmins2(__vmaxs2(__byte_perm(q[0], q[1], 0x5410), 0u), 0x00ff00ffu);
+  }
+}
+
+template <int CH, typename Begin, typename Line, typename Done>
+__device__ __forceinline__ void mma_pass(const Span* spans, const unsigned* frags, int ks,
+                                         int blocks, int lbs, Begin begin, Line line,
                                          Done done) {
   const int tid = threadIdx.y * blockDim.x + threadIdx.x;
   const int lane = tid & 31, warp = tid >> 5, warps = (blockDim.x * blockDim.y) >> 5;
@@ -587,35 +614,44 @@ __device__ __forceinline__ void mma_pass(const int* __restrict__ tab, const Axis
   }
   unsigned a[3][MMA_KS][4];
   int cur = -1, kb = 0, steps = 0;
-  for (int task = first; task < last; ++task) {
+  const int at = 4 * (lane & 3);
+  for (int task = first; task < last;) {
     if (j != cur) {
       cur = j;
-      const Span s = span_of(tab, ax, o_first + 16 * j);
-      kb = s.at - w0;
-      steps = s.steps;
-      weight_frags<MMA_KS>(tab, ax, o_first + 16 * j, s, lane, a);
-    }
-    const u8* l = line(c, lb, lane >> 2) + kb + 4 * (lane & 3);
-    int acc[3][4] = {{1 << 21, 1 << 21, 1 << 21, 1 << 21}, {0, 0, 0, 0}, {0, 0, 0, 0}};
+      kb = spans[j].at - spans[0].at;
+      steps = spans[j].steps;
 #pragma unroll
-    for (int s = 0; s < MMA_KS; ++s) {
-      if (s < steps) {  // the same for the whole warp
-        const unsigned b0 = *(const unsigned*)(l + 32 * s);
-        const unsigned b1 = *(const unsigned*)(l + 32 * s + 16);
-        mma_k32<false>(acc[0], a[0][s], b0, b1);
-        mma_k32<false>(acc[1], a[1][s], b0, b1);
-        mma_k32<true>(acc[2], a[2][s], b0, b1);
+      for (int q = 0; q < 3; ++q) {
+#pragma unroll
+        for (int st = 0; st < MMA_KS; ++st) {
+          if (st == 0 || st < steps) {
+            const Words4 w = *(const Words4*)(frags + ((j * ks + st) * 3 + q) * 128 + 4 * lane);
+#pragma unroll
+            for (int r = 0; r < 4; ++r) a[q][st][r] = w.w[r];
+          }
+        }
       }
+      begin(j);
     }
-    int v[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const unsigned sum = (unsigned)acc[0][e] + ((unsigned)acc[1][e] << 8) +
-                           ((unsigned)acc[2][e] << 16);
-      v[e] = min(max((int)sum >> 22, 0), 255);
+    // two N-blocks of the same M-block and channel at once where the run allows (the same
+    // for the whole warp; else the second repeats the first and is dropped): their loads
+    // and products interleave
+    const bool two = lb + 1 < lbs && task + 1 < last;
+    int acc[3][4] = {{1 << 21, 1 << 21, 1 << 21, 1 << 21}, {0, 0, 0, 0}, {0, 0, 0, 0}};
+    int acc2[3][4] = {{1 << 21, 1 << 21, 1 << 21, 1 << 21}, {0, 0, 0, 0}, {0, 0, 0, 0}};
+    products(a, line(c, lb, lane >> 2) + kb + at, steps, acc);
+    products(a, line(c, two ? lb + 1 : lb, lane >> 2) + kb + at, steps, acc2);
+    unsigned v[2];
+    clamp_q22(acc, v);
+    done(c, lb, v);
+    if (two) {
+      clamp_q22(acc2, v);
+      done(c, lb + 1, v);
     }
-    done(j, c, lb, v);
-    if (++lb == lbs) {
+    const int moved = two ? 2 : 1;
+    task += moved;
+    lb += moved;
+    if (lb == lbs) {
       lb = 0;
       if (++c == CH) {
         c = 0;
@@ -635,26 +671,34 @@ template <int CH>
 __device__ __forceinline__ void stage_planes(const u8* __restrict__ row, int c, int cols,
                                              u8* dst, int plane) {
   unsigned w[CH];
-  if (c + 4 <= cols) {
-    unsigned x[CH == 1 ? 1 : 3];
-    load_words<CH == 1 ? 1 : 3>(row + c * CH, x);
-    if constexpr (CH == 1) {
-      w[0] = x[0];
-    } else {
-      w[0] = __byte_perm(__byte_perm(x[0], x[1], 0x0630), x[2], 0x5210);
-      w[1] = __byte_perm(__byte_perm(x[0], x[1], 0x0741), x[2], 0x6210);
-      w[2] = __byte_perm(__byte_perm(x[0], x[1], 0x0052), x[2], 0x7410);
-    }
-  } else {
 #pragma unroll
-    for (int ch = 0; ch < CH; ++ch) w[ch] = 0;
-    for (int e = 0; e < cols - c; ++e) {
+  for (int ch = 0; ch < CH; ++ch) w[ch] = 0;
+  for (int e = 0; e < min(4, cols - c); ++e) {
 #pragma unroll
-      for (int ch = 0; ch < CH; ++ch) w[ch] |= (unsigned)row[(c + e) * CH + ch] << (8 * e);
-    }
+    for (int ch = 0; ch < CH; ++ch) w[ch] |= (unsigned)row[(c + e) * CH + ch] << (8 * e);
   }
 #pragma unroll
   for (int ch = 0; ch < CH; ++ch) *(unsigned*)(dst + ch * plane + c) = w[ch];
+}
+
+// The same words without a branch, for cols >= 4: a group past `cols` loads the row's last
+// four pixels instead and shifts its own to the low bytes (the bytes above are 0).
+template <int CH>
+__device__ __forceinline__ void load_planes(const u8* __restrict__ row, int c, int cols,
+                                            unsigned (&w)[CH]) {
+  const int at = min(c, cols - 4);
+  unsigned x[CH == 1 ? 1 : 3];
+  load_words<CH == 1 ? 1 : 3>(row + at * CH, x);
+  if constexpr (CH == 1) {
+    w[0] = x[0];
+  } else {
+    w[0] = __byte_perm(__byte_perm(x[0], x[1], 0x0630), x[2], 0x5210);
+    w[1] = __byte_perm(__byte_perm(x[0], x[1], 0x0741), x[2], 0x6210);
+    w[2] = __byte_perm(__byte_perm(x[0], x[1], 0x0052), x[2], 0x7410);
+  }
+  const unsigned shift = 8u * (unsigned)(c - at);  // 0 .. 24
+#pragma unroll
+  for (int ch = 0; ch < CH; ++ch) w[ch] >>= shift;
 }
 
 // One MMA tile (an RGB or gray image resized on both axes, horizontal pass first): patches
@@ -676,62 +720,102 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
   const int my = (th + 15) >> 4, mx = (tw + 15) >> 4;  // M-blocks down and across
   const Axis ax = {(int)d[X_XMIN], (int)d[X_N], (int)d[X_K], (int)d[X_KSIZE], (int)d[OUT_W]};
   const Axis ay = {(int)d[Y_XMIN], (int)d[Y_N], (int)d[Y_K], (int)d[Y_KSIZE], (int)d[OUT_H]};
-  const int wx = span_of(tab, ax, x0).at, wy = span_of(tab, ay, y0).at;  // the window's origin
-  const int wc = reach_of(tab, ax, x0, mx, wx), wr = reach_of(tab, ay, y0, my, wy);
-  // the inputs the tile's taps use (the rest of the window is read only with weight 0, so
-  // it is neither staged nor passed)
-  const int uc = last_tap(tab, ax, x0 + 16 * mx - 1) - wx;
-  const int ur = last_tap(tab, ay, y0 + 16 * my - 1) - wy;
-  const int wr8 = (wr + 7) & ~7, wcp = mma_pitch(wc), wrp = mma_pitch(wr);
-  const int win_plane = wr8 * wcp, mid_plane = 16 * mx * wrp;
-  u8* win = sm;
-  u8* mid = sm + CH * win_plane;
-  MMWIRE_SMEM_CHECK(CH * (win_plane + mid_plane));
-  {  // the window's rows and columns that the taps use, 4 pixels a thread at a time
-    const int in_w = (int)d[IN_W], groups = (uc + 3) >> 2;
-    const unsigned magic = 0xffffffffu / (unsigned)groups + 1u;  // i / groups (i < 2^16)
-    const u8* s = src + d[SRC_OFF] + ((i64)wy * in_w + wx) * CH;
-    for (int i = tid; i < ur * groups; i += nt) {
-      const int r = groups == 1 ? i : (int)__umulhi((unsigned)i, magic);
-      const int c = 4 * (i - r * groups);
-      stage_planes<CH>(s + (i64)r * in_w * CH, c, uc, win + r * wcp, win_plane);
+  __shared__ Span spans[2][MMA_MAX_BLOCKS];  // the M-blocks' spans, across and down
+  for (int j = tid; j < mx + my; j += nt) {
+    if (j < mx) {
+      spans[0][j] = span_of(tab, ax, x0 + 16 * j);
+    } else {
+      spans[1][j - mx] = span_of(tab, ay, y0 + 16 * (j - mx));
     }
   }
-  __syncthreads();  // the window (and the block's normalise table) is in place
+  __syncthreads();
+  const int wx = spans[0][0].at, wy = spans[1][0].at;  // the window's origin
+  int ks = 1;  // the most 32-input steps of any block
+  for (int j = 0; j < mx + my; ++j) ks = max(ks, j < mx ? spans[0][j].steps : spans[1][j - mx].steps);
+  // the inputs the tile's taps use: only these are staged and passed. A product's last
+  // step may read up to 32 ks bytes past them, into the next line or the slack after a
+  // region; those inputs only ever meet weight 0
+  const int uc = last_tap(tab, ax, x0 + 16 * mx - 1) - wx;
+  const int ur = last_tap(tab, ay, y0 + 16 * my - 1) - wy;
+  const int ur8 = (ur + 7) & ~7, wcp = mma_pitch(uc), wrp = mma_pitch(ur8);
+  const int win_plane = ur8 * wcp, mid_plane = 16 * mx * wrp, slack = 32 * ks;
+  u8* win = sm;
+  u8* mid = win + CH * win_plane + slack;
+  unsigned* frags = (unsigned*)(mid + CH * mid_plane + slack);  // one pass's weights at a time
+  MMWIRE_SMEM_CHECK(CH * (win_plane + mid_plane) + 2 * slack + max(mx, my) * ks * 3 * 512);
+  fill_frags(tab, ax, spans[0], x0, mx, ks, frags, tid, nt);
+  {  // the window's rows and columns that the taps use, 4 pixels a thread at a time
+    const int in_w = (int)d[IN_W], groups = (uc + 3) >> 2, total = ur * groups;
+    const unsigned magic = 0xffffffffu / (unsigned)groups + 1u;  // i / groups (i < 2^16)
+    const u8* s = src + d[SRC_OFF] + ((i64)wy * in_w + wx) * CH;
+    auto row_of = [&](int i) { return groups == 1 ? i : (int)__umulhi((unsigned)i, magic); };
+    if (uc >= 4) {  // two groups a step, loads first (the second may repeat the first)
+      for (int i = tid; i < total; i += 2 * nt) {
+        const int i2 = min(i + nt, total - 1);
+        const int r = row_of(i), r2 = row_of(i2);
+        const int c = 4 * (i - r * groups), c2 = 4 * (i2 - r2 * groups);
+        unsigned w[CH], w2[CH];
+        load_planes<CH>(s + (i64)r * in_w * CH, c, uc, w);
+        load_planes<CH>(s + (i64)r2 * in_w * CH, c2, uc, w2);
+#pragma unroll
+        for (int ch = 0; ch < CH; ++ch) {
+          *(unsigned*)(win + ch * win_plane + r * wcp + c) = w[ch];
+          *(unsigned*)(win + ch * win_plane + r2 * wcp + c2) = w2[ch];
+        }
+      }
+    } else {
+      for (int i = tid; i < total; i += nt) {
+        const int r = row_of(i);
+        stage_planes<CH>(s + (i64)r * in_w * CH, 4 * (i - r * groups), uc, win + r * wcp,
+                         win_plane);
+      }
+    }
+  }
+  __syncthreads();  // the window, the weights (and the block's normalise table) are in place
   // horizontal: output columns x0 .. (M) times 8 window rows of a channel (N) into the
   // intermediate, a column of window rows per output column
-  const int rbs = (ur + 7) >> 3;
+  const int rbs = ur8 >> 3;
+  u8* mrow = mid;  // the lane's first intermediate column of the M-block
   mma_pass<CH>(
-      tab, ax, x0, wx, mx, rbs,
+      spans[0], frags, ks, mx, rbs, [&](int j) { mrow = mid + (16 * j + g) * wrp + 2 * t; },
       [&](int c, int rb, int line) { return win + c * win_plane + (rb * 8 + line) * wcp; },
-      [&](int j, int c, int rb, const int v[4]) {
-        u8* m = mid + c * mid_plane + (16 * j + g) * wrp + rb * 8 + 2 * t;
-        *(unsigned short*)m = (unsigned short)(v[0] | v[1] << 8);
-        *(unsigned short*)(m + 8 * wrp) = (unsigned short)(v[2] | v[3] << 8);
+      [&](int c, int rb, const unsigned v[2]) {
+        u8* m = mrow + c * mid_plane + rb * 8;
+        *(unsigned short*)m = (unsigned short)__byte_perm(v[0], 0, 0x4420);
+        *(unsigned short*)(m + 8 * wrp) = (unsigned short)__byte_perm(v[1], 0, 0x4420);
       });
-  __syncthreads();  // the intermediate is in place
-  // vertical: output rows y0 .. (M) times 8 columns of a channel (N), into the patches
+  __syncthreads();  // the intermediate is in place, the horizontal weights done with
+  fill_frags(tab, ay, spans[1], y0, my, ks, frags, tid, nt);
+  __syncthreads();
+  // vertical: output rows y0 .. (M) times 8 columns of a channel (N), into the patches,
+  // addressed from the tile's first patch in 32 bits (a tile spans a few patch rows)
   const int pp = p * p;
   const int inv_p = (65536 + p - 1) / p;  // x / p == (x * inv_p) >> 16 for x < 65536 / p
-  const i64 first_patch = d[ROW] + (i64)gy0 * gw + gx0;
+  T* o0 = out + (d[ROW] + (i64)gy0 * gw + gx0) * 3 * pp;
+  int row_at[2] = {-1, -1};  // the lane's two output rows of the M-block: offsets, -1 if past
   mma_pass<CH>(
-      tab, ay, y0, wy, my, (tw + 7) >> 3,
-      [&](int c, int xb, int line) { return mid + c * mid_plane + (xb * 8 + line) * wrp; },
-      [&](int i, int c, int xb, const int v[4]) {
-        const int x = xb * 8 + 2 * t;
-        if (x >= tw) return;
-        const int kx = (x * inv_p) >> 16, px = x - kx * p;  // p even: x, x + 1 share a patch
+      spans[1], frags, ks, my, (tw + 7) >> 3,
+      [&](int i) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const int y = 16 * i + g + 8 * r;
-          if (y >= th) continue;
-          const int ky = (y * inv_p) >> 16;
-          T* o = out + (first_patch + (i64)ky * gw + kx) * 3 * pp + (y - ky * p) * p + px;
+          const int y = 16 * i + g + 8 * r, ky = (y * inv_p) >> 16;
+          row_at[r] = y < th ? ky * gw * 3 * pp + (y - ky * p) * p : -1;
+        }
+      },
+      [&](int c, int xb, int line) { return mid + c * mid_plane + (xb * 8 + line) * wrp; },
+      [&](int c, int xb, const unsigned v[2]) {
+        const int x = xb * 8 + 2 * t;
+        if (x >= tw) return;
+        const int kx = (x * inv_p) >> 16;  // p even: x and x + 1 share a patch
+        const int col_at = kx * 3 * pp + x - kx * p;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          if (row_at[r] < 0) continue;
 #pragma unroll
           for (int q = 0; q < (CH == 1 ? 3 : 1); ++q) {  // gray fills all three planes
             const int plane = CH == 1 ? q : c;
-            const T pair[2] = {tb[256 * plane + v[2 * r]], tb[256 * plane + v[2 * r + 1]]};
-            store_run<2>(o + plane * pp, pair);
+            const T pair[2] = {tb[256 * plane + (v[r] & 255u)], tb[256 * plane + (v[r] >> 16)]};
+            store_run<2>(o0 + (row_at[r] + col_at + plane * pp), pair);
           }
         }
       });

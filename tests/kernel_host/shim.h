@@ -39,6 +39,17 @@ static inline unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned shift)
   shift &= 31;
   return shift == 0 ? lo : (lo >> shift) | (hi << (32 - shift));
 }
+// Per signed 16-bit half, as the CUDA SIMD intrinsics.
+static inline unsigned mmwire_halves(unsigned a, unsigned b, bool take_max) {
+  unsigned r = 0;
+  for (int h = 0; h < 2; ++h) {
+    const short x = (short)(a >> (16 * h)), y = (short)(b >> (16 * h));
+    r |= (unsigned)(unsigned short)(take_max ? std::max(x, y) : std::min(x, y)) << (16 * h);
+  }
+  return r;
+}
+static inline unsigned __vmaxs2(unsigned a, unsigned b) { return mmwire_halves(a, b, true); }
+static inline unsigned __vmins2(unsigned a, unsigned b) { return mmwire_halves(a, b, false); }
 static inline unsigned __umulhi(unsigned a, unsigned b) {
   return (unsigned)(((unsigned long long)a * b) >> 32);
 }
