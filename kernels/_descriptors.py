@@ -76,9 +76,9 @@ KINDS: dict[Kind, int] = {"general": 0, "plain": 1, "mma": 2}
 """The fused kernel's kinds (``enum Kind`` in ``pixels.cu``): the general kernel; ``plain``
 for unresized TILED images (no resize code); ``mma`` for RGB or gray images resized on both
 axes, horizontal pass first, with an even patch (the passes on the int8 tensor cores)."""
-MMA_TILE_PIXELS = (64, 64)
+MMA_TILE_PIXELS = (128, 128)
 """About how many canvas rows and columns one MMA tile covers (as ``TILE_PIXELS``)."""
-MMA_SMEM_BYTES = 64 * 1024
+MMA_SMEM_BYTES = 80 * 1024
 """The most shared memory one MMA tile's window planes and intermediate may take (more
 than 48 KiB makes the launcher opt in)."""
 _MMA_STEPS = 2

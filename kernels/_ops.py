@@ -3,8 +3,10 @@
 Images are uint8 ``(H, W, C)`` (C = 1, 3 or 4 = RGBA) or ``(H, W)`` CUDA tensors, or CuPy
 arrays (taken through ``__cuda_array_interface__``, no copy). Many images of different
 sizes share each launch on torch's current stream: one fused launch per channel count and
-kind (unresized images go to a kernel without the resize code), plus pass 1 for images too
-large to tile in shared memory; results are torch tensors.
+kind (unresized images go to a kernel without the resize code; on devices of compute
+capability 8.0+, RGB and gray images resized on both axes to one whose passes run on the
+int8 tensor cores), plus pass 1 for images too large to tile in shared memory; results
+are torch tensors.
 """
 
 from __future__ import annotations
@@ -135,6 +137,16 @@ def _tensor_cores(device: torch.device, launcher: Launcher | None) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0)
 
 
+def _mma_smem(device: torch.device) -> int:
+    """The MMA tiles' shared memory budget: ``MMA_SMEM_BYTES``, or less where the device
+    lets a block opt in to less (the kernel's own arrays take about 4 KiB)."""
+    if device.type != "cuda":
+        return MMA_SMEM_BYTES
+    props = torch.cuda.get_device_properties(device)
+    most = int(getattr(props, "shared_memory_per_block_optin", 48 * 1024))
+    return min(MMA_SMEM_BYTES, most - 8 * 1024)
+
+
 @dataclass(frozen=True)
 class _Plan:
     """What a launch over given images and specs needs from the host (cached)."""
@@ -219,7 +231,7 @@ def preprocess_packed(
         pillow,
         TILE_SMEM_BYTES,
         _tensor_cores(src.device, launcher),
-        MMA_SMEM_BYTES,
+        _mma_smem(src.device),
     )
     layout, jobs, p = plan.layout, plan.jobs, plan.patch
     _check_source(src, layout)

@@ -16,14 +16,16 @@
 //   * resize_pass1 / resize_pass2 run one block row per image row (blockIdx.x, over all
 //     images of the launch) and blockIdx.y * blockDim.x + threadIdx.x across it; a block
 //     finds its image by binary search on a running start field.
-//   * fused (compiled per channel count and PLAIN or not, one launch per pair present) runs
-//     one block per output tile (a few patches) and reads its image from a per-tile table.
+//   * fused (compiled per channel count and kind, one launch per pair present) runs one
+//     block per output tile (a few patches) and reads its image from a per-tile table.
 //     PLAIN tiles (unresized) read each pixel run straight from the source, with word
-//     loads, and write each plane's run in one store. Otherwise the block copies the
-//     tile's source window (the resize taps' halo included) into shared memory with
-//     coalesced loads, runs the first of two passes there into a shared intermediate, and
-//     the last pass, composite, normalise and patchify from it: the intermediate never
-//     reaches global memory. An image whose tile would not fit (TILED = 0) reads global
+//     loads, and write each plane's run in one store. MMA tiles (RGB or gray resized on
+//     both axes) run both passes as int8 matrix products on the tensor cores (see "The
+//     tensor-core resize" below). Otherwise (GENERAL) the block copies the tile's source
+//     window (the resize taps' halo included) into shared memory with coalesced loads,
+//     runs the first of two passes there into a shared intermediate, and the last pass,
+//     composite, normalise and patchify from it: the intermediate never reaches global
+//     memory. An image whose tile would not fit (TILED = 0) reads global
 //     memory instead: its source, or for two passes the intermediate of resize_pass1. The
 //     loops stride by the block's shape, so any block shape gives the same bytes (the GPU
 //     runs (p / 2, 256 / (p / 2)) for an even p, a thread per pixel pair; the host build a
@@ -563,16 +565,18 @@ struct __align__(16) Words4 {
 
 // One pass of a tile: `blocks` M-blocks of 16 outputs (their spans), times CH channels x
 // `lbs` N-blocks of 8 lines; line(c, lb, g) is line g of N-block lb of channel c (its k = 0
-// at the first block's first input). Each warp takes a contiguous run of the (M-block, channel,
-// N-block) tasks, counted without dividing; at each new M-block j it loads the block's
-// weights (fill_frags) and calls begin(j), then done(c, lb, v) gets each task's four clamped bytes as
-// two pairs of 16-bit halves: v[0] at output 16 j + g, lines 2 t (low half) and 2 t + 1
-// (high) of the N-block; v[1] at output 16 j + g + 8.
+// at the first block's first input). Each warp takes a contiguous run of the (M-block,
+// channel, N-block) tasks, counted without dividing; at each new M-block j it loads the
+// block's weights (fill_frags) and calls begin(j), then done(c, lb, v) gets each task's
+// four clamped bytes as two pairs of 16-bit halves: v[0] at output 16 j + g, lines 2 t
+// (low half) and 2 t + 1 (high) of the N-block; v[1] at output 16 j + g + 8. KS: the most
+// 32-input steps of the tile's blocks.
 // acc += the three byte planes' products of one N-block (its lane's k words at l).
-__device__ __forceinline__ void products(const unsigned (&a)[3][MMA_KS][4], const u8* l,
-                                         int steps, int (&acc)[3][4]) {
+template <int KS>
+__device__ __forceinline__ void products(const unsigned (&a)[3][KS][4], const u8* l, int steps,
+                                         int (&acc)[3][4]) {
 #pragma unroll
-  for (int s = 0; s < MMA_KS; ++s) {
+  for (int s = 0; s < KS; ++s) {
     if (s == 0 || s < steps) {  // steps >= 1; the same for the whole warp
       const unsigned b0 = *(const unsigned*)(l + 32 * s);
       const unsigned b1 = *(const unsigned*)(l + 32 * s + 16);
@@ -599,7 +603,7 @@ __device__ __forceinline__ void clamp_q22(const int (&acc)[3][4], unsigned (&v)[
   }
 }
 
-template <int CH, typename Begin, typename Line, typename Done>
+template <int CH, int KS, typename Begin, typename Line, typename Done>
 __device__ __forceinline__ void mma_pass(const Span* spans, const unsigned* frags, int ks,
                                          int blocks, int lbs, Begin begin, Line line,
                                          Done done) {
@@ -612,7 +616,7 @@ __device__ __forceinline__ void mma_pass(const Span* spans, const unsigned* frag
     c = lb / lbs;
     lb -= c * lbs;
   }
-  unsigned a[3][MMA_KS][4];
+  unsigned a[3][KS][4];
   int cur = -1, kb = 0, steps = 0;
   const int at = 4 * (lane & 3);
   for (int task = first; task < last;) {
@@ -623,7 +627,7 @@ __device__ __forceinline__ void mma_pass(const Span* spans, const unsigned* frag
 #pragma unroll
       for (int q = 0; q < 3; ++q) {
 #pragma unroll
-        for (int st = 0; st < MMA_KS; ++st) {
+        for (int st = 0; st < KS; ++st) {
           if (st == 0 || st < steps) {
             const Words4 w = *(const Words4*)(frags + ((j * ks + st) * 3 + q) * 128 + 4 * lane);
 #pragma unroll
@@ -731,7 +735,9 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
   __syncthreads();
   const int wx = spans[0][0].at, wy = spans[1][0].at;  // the window's origin
   int ks = 1;  // the most 32-input steps of any block
-  for (int j = 0; j < mx + my; ++j) ks = max(ks, j < mx ? spans[0][j].steps : spans[1][j - mx].steps);
+  for (int j = 0; j < mx + my; ++j) {
+    ks = max(ks, j < mx ? spans[0][j].steps : spans[1][j - mx].steps);
+  }
   // the inputs the tile's taps use: only these are staged and passed. A product's last
   // step may read up to 32 ks bytes past them, into the next line or the slack after a
   // region; those inputs only ever meet weight 0
@@ -774,51 +780,61 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
   __syncthreads();  // the window, the weights (and the block's normalise table) are in place
   // horizontal: output columns x0 .. (M) times 8 window rows of a channel (N) into the
   // intermediate, a column of window rows per output column
-  const int rbs = ur8 >> 3;
-  u8* mrow = mid;  // the lane's first intermediate column of the M-block
-  mma_pass<CH>(
-      spans[0], frags, ks, mx, rbs, [&](int j) { mrow = mid + (16 * j + g) * wrp + 2 * t; },
-      [&](int c, int rb, int line) { return win + c * win_plane + (rb * 8 + line) * wcp; },
-      [&](int c, int rb, const unsigned v[2]) {
-        u8* m = mrow + c * mid_plane + rb * 8;
-        *(unsigned short*)m = (unsigned short)__byte_perm(v[0], 0, 0x4420);
-        *(unsigned short*)(m + 8 * wrp) = (unsigned short)__byte_perm(v[1], 0, 0x4420);
-      });
-  __syncthreads();  // the intermediate is in place, the horizontal weights done with
-  fill_frags(tab, ay, spans[1], y0, my, ks, frags, tid, nt);
-  __syncthreads();
-  // vertical: output rows y0 .. (M) times 8 columns of a channel (N), into the patches,
-  // addressed from the tile's first patch in 32 bits (a tile spans a few patch rows)
-  const int pp = p * p;
-  const int inv_p = (65536 + p - 1) / p;  // x / p == (x * inv_p) >> 16 for x < 65536 / p
-  T* o0 = out + (d[ROW] + (i64)gy0 * gw + gx0) * 3 * pp;
-  int row_at[2] = {-1, -1};  // the lane's two output rows of the M-block: offsets, -1 if past
-  mma_pass<CH>(
-      spans[1], frags, ks, my, (tw + 7) >> 3,
-      [&](int i) {
+  // the passes, compiled for tiles of one and of two 32-input steps (fewer registers for one)
+  auto passes = [&](auto most_steps) {
+    constexpr int KS = decltype(most_steps)::value;
+    const int rbs = ur8 >> 3;
+    u8* mrow = mid;  // the lane's first intermediate column of the M-block
+    mma_pass<CH, KS>(
+        spans[0], frags, ks, mx, rbs, [&](int j) { mrow = mid + (16 * j + g) * wrp + 2 * t; },
+        [&](int c, int rb, int line) { return win + c * win_plane + (rb * 8 + line) * wcp; },
+        [&](int c, int rb, const unsigned v[2]) {
+          u8* m = mrow + c * mid_plane + rb * 8;
+          *(unsigned short*)m = (unsigned short)__byte_perm(v[0], 0, 0x4420);
+          *(unsigned short*)(m + 8 * wrp) = (unsigned short)__byte_perm(v[1], 0, 0x4420);
+        });
+    __syncthreads();  // the intermediate is in place, the horizontal weights done with
+    fill_frags(tab, ay, spans[1], y0, my, ks, frags, tid, nt);
+    __syncthreads();
+    // vertical: output rows y0 .. (M) times 8 columns of a channel (N), into the patches,
+    // addressed from the tile's first patch in 32 bits (a tile spans a few patch rows)
+    const int pp = p * p;
+    const int inv_p = (65536 + p - 1) / p;  // x / p == (x * inv_p) >> 16 for x < 65536 / p
+    T* o0 = out + (d[ROW] + (i64)gy0 * gw + gx0) * 3 * pp;
+    int row_at[2] = {-1, -1};  // the lane's two output rows of the M-block: offsets, -1 if past
+    mma_pass<CH, KS>(
+        spans[1], frags, ks, my, (tw + 7) >> 3,
+        [&](int i) {
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int y = 16 * i + g + 8 * r, ky = (y * inv_p) >> 16;
-          row_at[r] = y < th ? ky * gw * 3 * pp + (y - ky * p) * p : -1;
-        }
-      },
-      [&](int c, int xb, int line) { return mid + c * mid_plane + (xb * 8 + line) * wrp; },
-      [&](int c, int xb, const unsigned v[2]) {
-        const int x = xb * 8 + 2 * t;
-        if (x >= tw) return;
-        const int kx = (x * inv_p) >> 16;  // p even: x and x + 1 share a patch
-        const int col_at = kx * 3 * pp + x - kx * p;
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          if (row_at[r] < 0) continue;
-#pragma unroll
-          for (int q = 0; q < (CH == 1 ? 3 : 1); ++q) {  // gray fills all three planes
-            const int plane = CH == 1 ? q : c;
-            const T pair[2] = {tb[256 * plane + (v[r] & 255u)], tb[256 * plane + (v[r] >> 16)]};
-            store_run<2>(o0 + (row_at[r] + col_at + plane * pp), pair);
+          for (int r = 0; r < 2; ++r) {
+            const int y = 16 * i + g + 8 * r, ky = (y * inv_p) >> 16;
+            row_at[r] = y < th ? ky * gw * 3 * pp + (y - ky * p) * p : -1;
           }
-        }
-      });
+        },
+        [&](int c, int xb, int line) { return mid + c * mid_plane + (xb * 8 + line) * wrp; },
+        [&](int c, int xb, const unsigned v[2]) {
+          const int x = xb * 8 + 2 * t;
+          if (x >= tw) return;
+          const int kx = (x * inv_p) >> 16;  // p even: x and x + 1 share a patch
+          const int col_at = kx * 3 * pp + x - kx * p;
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            if (row_at[r] < 0) continue;
+#pragma unroll
+            for (int q = 0; q < (CH == 1 ? 3 : 1); ++q) {  // gray fills all three planes
+              const int plane = CH == 1 ? q : c;
+              const T* plane_tb = tb + 256 * plane;
+              const T pair[2] = {plane_tb[v[r] & 255u], plane_tb[v[r] >> 16]};
+              store_run<2>(o0 + (row_at[r] + col_at + plane * pp), pair);
+            }
+          }
+        });
+  };
+  if (ks == 1) {
+    passes(Int<1>());
+  } else {
+    passes(Int<MMA_KS>());
+  }
 }
 
 // One tile of one image: patches (gy0 .. gy0 + nph) x (gx0 .. gx0 + npw) of its canvas.

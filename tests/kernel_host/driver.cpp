@@ -69,14 +69,15 @@ static void fused_any(const unsigned* grid, const unsigned* block, const u8* src
                       int p, int first, int ch, int kind, unsigned smem) {
   mmwire_smem_asked = smem;
   run_threads(grid, block, [&] {
-    if (ch == 1 && kind == GENERAL) fused<T, 1, GENERAL>(src, mid, desc, tab, table, tiles, out, p, first);
-    if (ch == 3 && kind == GENERAL) fused<T, 3, GENERAL>(src, mid, desc, tab, table, tiles, out, p, first);
-    if (ch == 4 && kind == GENERAL) fused<T, 4, GENERAL>(src, mid, desc, tab, table, tiles, out, p, first);
-    if (ch == 1 && kind == PLAIN) fused<T, 1, PLAIN>(src, mid, desc, tab, table, tiles, out, p, first);
-    if (ch == 3 && kind == PLAIN) fused<T, 3, PLAIN>(src, mid, desc, tab, table, tiles, out, p, first);
-    if (ch == 4 && kind == PLAIN) fused<T, 4, PLAIN>(src, mid, desc, tab, table, tiles, out, p, first);
-    if (ch == 1 && kind == MMA) fused<T, 1, MMA>(src, mid, desc, tab, table, tiles, out, p, first);
-    if (ch == 3 && kind == MMA) fused<T, 3, MMA>(src, mid, desc, tab, table, tiles, out, p, first);
+    auto launch = [&](auto kernel) { kernel(src, mid, desc, tab, table, tiles, out, p, first); };
+    if (ch == 1 && kind == GENERAL) launch(fused<T, 1, GENERAL>);
+    if (ch == 3 && kind == GENERAL) launch(fused<T, 3, GENERAL>);
+    if (ch == 4 && kind == GENERAL) launch(fused<T, 4, GENERAL>);
+    if (ch == 1 && kind == PLAIN) launch(fused<T, 1, PLAIN>);
+    if (ch == 3 && kind == PLAIN) launch(fused<T, 3, PLAIN>);
+    if (ch == 4 && kind == PLAIN) launch(fused<T, 4, PLAIN>);
+    if (ch == 1 && kind == MMA) launch(fused<T, 1, MMA>);
+    if (ch == 3 && kind == MMA) launch(fused<T, 3, MMA>);
   });
 }
 
