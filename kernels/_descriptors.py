@@ -82,9 +82,10 @@ MMA_SMEM_BYTES = 80 * 1024
 """The most shared memory one MMA tile's window planes and intermediate may take (more
 than 48 KiB makes the launcher opt in)."""
 _MMA_STEPS = 2
-_MMA_MAX_BLOCKS = 16  # MMA_MAX_BLOCKS: 16-output blocks along one side of a tile
 """``MMA_KS`` in ``pixels.cu``: the most 32-input steps one block of 16 outputs may read
 (downscales to about 0.35 of a side); an image needing more takes the general kernel."""
+_MMA_MAX_BLOCKS = 16
+"""``MMA_MAX_BLOCKS``: the most 16-output blocks along one side of an MMA tile."""
 
 TILE_PIXELS = (64, 64)
 """About how many canvas rows and columns one block of the fused launch covers: a whole

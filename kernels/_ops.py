@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Any
 
 import numpy as np
@@ -134,7 +134,7 @@ def _tensor_cores(device: torch.device, launcher: Launcher | None) -> bool:
     so bad input is refused before a missing CUDA is)."""
     if launcher is not None:
         return launcher.tensor_cores
-    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0)
+    return device.type == "cuda" and _cuda_limits(_index(device))[0]
 
 
 def _mma_smem(device: torch.device) -> int:
@@ -142,9 +142,20 @@ def _mma_smem(device: torch.device) -> int:
     lets a block opt in to less (the kernel's own arrays take about 4 KiB)."""
     if device.type != "cuda":
         return MMA_SMEM_BYTES
-    props = torch.cuda.get_device_properties(device)
-    most = int(getattr(props, "shared_memory_per_block_optin", 48 * 1024))
-    return min(MMA_SMEM_BYTES, most - 8 * 1024)
+    return min(MMA_SMEM_BYTES, _cuda_limits(_index(device))[1] - 8 * 1024)
+
+
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+@cache
+def _cuda_limits(index: int) -> tuple[bool, int]:
+    """A device's tensor cores (compute capability 8.0+) and the shared memory a block may
+    opt in to, asked once per process."""
+    props = torch.cuda.get_device_properties(index)
+    optin = int(getattr(props, "shared_memory_per_block_optin", 48 * 1024))
+    return (props.major, props.minor) >= (8, 0), optin
 
 
 @dataclass(frozen=True)

@@ -525,10 +525,9 @@ __device__ __forceinline__ int last_tap(const int* __restrict__ tab, const Axis&
 // The A fragments of `blocks` M-blocks from o_first, per byte plane q and 32-input step s
 // (the first `steps` of each block; ks <= MMA_KS the most of any), filled by the block's
 // threads together: lane L's four words are at frags + ((j * ks + s) * 3 + q) * 128 + 4 L,
-// for one 16-byte load. Word
-// `reg` of lane (g, t) holds outputs o + g (reg 0, 2) or o + g + 8 (reg 1, 3), inputs at +
-// 32 s + 4 t + 0..3 (reg 0, 1) or + 16 more (reg 2, 3). Outputs past the axis (canvas
-// padding) get no weights, so they come out 0.
+// for one 16-byte load. Word `reg` of lane (g, t) holds outputs o + g (reg 0, 2) or
+// o + g + 8 (reg 1, 3), inputs at + 32 s + 4 t + 0..3 (reg 0, 1) or 16 more (reg 2, 3).
+// Outputs past the axis (canvas padding) get no weights, so they come out 0.
 __device__ __forceinline__ void fill_frags(const int* __restrict__ tab, const Axis& ax,
                                            const Span* spans, int o_first, int blocks, int ks,
                                            unsigned* frags, int tid, int nt) {
@@ -563,14 +562,6 @@ struct __align__(16) Words4 {
   unsigned w[4];
 };
 
-// One pass of a tile: `blocks` M-blocks of 16 outputs (their spans), times CH channels x
-// `lbs` N-blocks of 8 lines; line(c, lb, g) is line g of N-block lb of channel c (its k = 0
-// at the first block's first input). Each warp takes a contiguous run of the (M-block,
-// channel, N-block) tasks, counted without dividing; at each new M-block j it loads the
-// block's weights (fill_frags) and calls begin(j), then done(c, lb, v) gets each task's
-// four clamped bytes as two pairs of 16-bit halves: v[0] at output 16 j + g, lines 2 t
-// (low half) and 2 t + 1 (high) of the N-block; v[1] at output 16 j + g + 8. KS: the most
-// 32-input steps of the tile's blocks.
 // acc += the three byte planes' products of one N-block (its lane's k words at l).
 template <int KS>
 __device__ __forceinline__ void products(const unsigned (&a)[3][KS][4], const u8* l, int steps,
@@ -603,6 +594,14 @@ __device__ __forceinline__ void clamp_q22(const int (&acc)[3][4], unsigned (&v)[
   }
 }
 
+// One pass of a tile: `blocks` M-blocks of 16 outputs (their spans), times CH channels x
+// `lbs` N-blocks of 8 lines; line(c, lb, g) is line g of N-block lb of channel c (its k = 0
+// at the first block's first input). Each warp takes a contiguous run of the (M-block,
+// channel, N-block) tasks, counted without dividing; at each new M-block j it loads the
+// block's weights (fill_frags) and calls begin(j), then done(c, lb, v) gets each task's
+// four clamped bytes as two pairs of 16-bit halves: v[0] at output 16 j + g, lines 2 t
+// (low half) and 2 t + 1 (high) of the N-block; v[1] at output 16 j + g + 8. KS: the most
+// 32-input steps of the tile's blocks.
 template <int CH, int KS, typename Begin, typename Line, typename Done>
 __device__ __forceinline__ void mma_pass(const Span* spans, const unsigned* frags, int ks,
                                          int blocks, int lbs, Begin begin, Line line,
@@ -752,7 +751,7 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
   fill_frags(tab, ax, spans[0], x0, mx, ks, frags, tid, nt);
   {  // the window's rows and columns that the taps use, 4 pixels a thread at a time
     const int in_w = (int)d[IN_W], groups = (uc + 3) >> 2, total = ur * groups;
-    const unsigned magic = 0xffffffffu / (unsigned)groups + 1u;  // i / groups (i < 2^16)
+    const unsigned magic = 0xffffffffu / (unsigned)groups + 1u;  // i / groups: i * groups < 2^32
     const u8* s = src + d[SRC_OFF] + ((i64)wy * in_w + wx) * CH;
     auto row_of = [&](int i) { return groups == 1 ? i : (int)__umulhi((unsigned)i, magic); };
     if (uc >= 4) {  // two groups a step, loads first (the second may repeat the first)
@@ -778,11 +777,11 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
     }
   }
   __syncthreads();  // the window, the weights (and the block's normalise table) are in place
-  // horizontal: output columns x0 .. (M) times 8 window rows of a channel (N) into the
-  // intermediate, a column of window rows per output column
   // the passes, compiled for tiles of one and of two 32-input steps (fewer registers for one)
   auto passes = [&](auto most_steps) {
     constexpr int KS = decltype(most_steps)::value;
+    // horizontal: output columns x0 .. (M) times 8 window rows of a channel (N) into the
+    // intermediate, a column of window rows per output column
     const int rbs = ur8 >> 3;
     u8* mrow = mid;  // the lane's first intermediate column of the M-block
     mma_pass<CH, KS>(
@@ -998,11 +997,12 @@ __device__ __forceinline__ void fused_tile(const u8* __restrict__ src, const u8*
 // Blocks have at most FUSED_THREADS threads; asking for a number of resident blocks a
 // multiprocessor caps the registers, and the occupancy that buys matters more than the few
 // values the compiler then keeps in local memory (the H200 A/B in bench/results). PLAIN has
-// fewer registers, so more resident blocks hide its loads.
+// fewer registers, so more resident blocks hide its loads. MMA tiles of up to 80 KiB fit
+// three blocks a multiprocessor anyway, so they take the registers of three.
 #define FUSED_THREADS 256
 #define FUSED_MIN_BLOCKS 5
 #define FUSED_PLAIN_MIN_BLOCKS 8
-#define FUSED_MMA_MIN_BLOCKS 4
+#define FUSED_MMA_MIN_BLOCKS 3
 enum Kind { GENERAL = 0, PLAIN = 1, MMA = 2 };
 template <typename T, int CH, int KIND>
 __global__ void __launch_bounds__(FUSED_THREADS, KIND == PLAIN ? FUSED_PLAIN_MIN_BLOCKS
