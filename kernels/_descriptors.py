@@ -75,7 +75,7 @@ Kind = Literal["general", "plain", "mma"]
 KINDS: dict[Kind, int] = {"general": 0, "plain": 1, "mma": 2}
 """The fused kernel's kinds (``enum Kind`` in ``pixels.cu``): the general kernel; ``plain``
 for unresized TILED images (no resize code); ``mma`` for RGB or gray images resized on both
-axes, horizontal pass first, with an even patch (the passes on the int8 tensor cores)."""
+axes with an even patch (the passes on the int8 tensor cores)."""
 MMA_TILE_PIXELS = (128, 128)
 """About how many canvas rows and columns one MMA tile covers (as ``TILE_PIXELS``)."""
 MMA_SMEM_BYTES = 80 * 1024
@@ -257,7 +257,7 @@ def _mma_reach(c: Any, size: int, starts: Any, blocks: int) -> tuple[int, int]:
     return int(used.max()), int(steps.max())
 
 
-def _mma_measure(job: ImageJob, patch: int) -> Measure:
+def _mma_measure(job: ImageJob, patch: int, v_first: bool) -> Measure:
     cx = bicubic_coefficients(job.in_w, job.out_w)
     cy = bicubic_coefficients(job.in_h, job.out_h)
     grid_h = job.patches // job.grid_w
@@ -272,11 +272,18 @@ def _mma_measure(job: ImageJob, patch: int) -> Measure:
         ks = max(sx, sy)
         if ks > _MMA_STEPS:
             return None
-        ur8 = -(-ur // 8) * 8
+        # the first pass's lines (window rows, or columns when vertical first), its inputs
+        # a line and outputs; the second pass's lines are the first's outputs in the tile
+        lines = -(-(uc if v_first else ur) // 8) * 8
+        inputs, m1 = (ur, my) if v_first else (uc, mx)
         frags = max(mx, my) * ks * 3 * 512  # one pass's weight fragments
-        planes = ur8 * _mma_pitch(uc) + 16 * mx * _mma_pitch(ur8)  # window, intermediate
+        planes = lines * _mma_pitch(inputs) + 16 * m1 * _mma_pitch(lines)  # window, intermediate
         need = job.ch * planes + 2 * 32 * ks + frags  # and the slack after each
-        products = mx * (ur8 // 8) * sx + my * -(-tw // 8) * sy  # per channel
+        first, second = (sy, sx) if v_first else (sx, sy)
+        products = (
+            m1 * (lines // 8) * first
+            + (mx if v_first else my) * -(-(th if v_first else tw) // 8) * second
+        )  # per channel
         return need, 128 * products / (th * tw)
 
     return measure
@@ -311,8 +318,8 @@ def layout_of(
     in shared memory (TILED); the others read global memory, with a global intermediate
     from pass 1 when they need two passes (as every image of a resize-only launch,
     ``patch=0``). With ``tensor_cores`` (a device of compute capability 8.0 or more), RGB
-    and gray images resized on both axes, horizontal pass first, take the MMA kernel when
-    ``patch`` is even and their tiles fit ``mma_smem`` bytes.
+    and gray images resized on both axes take the MMA kernel when ``patch`` is even and
+    their tiles fit ``mma_smem`` bytes.
     """
     desc = np.zeros((len(jobs), len(FIELDS)), np.int64)
     chunks: list[np.ndarray[Any, np.dtype[np.int32]]] = []
@@ -348,13 +355,9 @@ def layout_of(
         fit = None
         kind: Kind = "general"
         if patch and job.patches:
-            if (
-                tensor_cores
-                and patch % 2 == 0
-                and job.ch in (1, 3)
-                and (p1, p2) == (_HORIZONTAL, _VERTICAL)
-            ):
-                fit = _tile_for(job, patch, mma_smem, _mma_measure(job, patch), MMA_TILE_PIXELS)
+            if tensor_cores and patch % 2 == 0 and job.ch in (1, 3) and p1 != _NONE:
+                measure = _mma_measure(job, patch, p1 == _VERTICAL)
+                fit = _tile_for(job, patch, mma_smem, measure, MMA_TILE_PIXELS)
                 kind = "mma" if fit is not None else kind
             if fit is None:
                 fit = _tile_for(job, patch, tile_smem, _general_measure(job, (p1, p2), patch))

@@ -462,7 +462,7 @@ __device__ __forceinline__ void plain_runs(const u8* __restrict__ s0, i64 row, c
   }
 }
 
-// ---- The tensor-core resize (MMA tiles: RGB or gray, both passes, horizontal first) ----
+// ---- The tensor-core resize (MMA tiles: RGB or gray, resized on both axes) ----
 // A pass is a product of the Q22 weights (A: 16 outputs x k inputs) and pixel lines (B: k
 // inputs x 8 lines) on the int8 tensor cores, exactly: each weight is split into bytes,
 // w = b2 * 2^16 + b1 * 2^8 + b0 (b0, b1 unsigned, b2 signed since |w| < 2^23), and the three
@@ -704,11 +704,25 @@ __device__ __forceinline__ void load_planes(const u8* __restrict__ row, int c, i
   for (int ch = 0; ch < CH; ++ch) w[ch] >>= shift;
 }
 
-// One MMA tile (an RGB or gray image resized on both axes, horizontal pass first): patches
-// (gy0 .. gy0 + nph) x (gx0 .. gx0 + npw) of its canvas, computed whole (the rows and
-// columns past the resized image get no weights, so they are the 0 padding). Blocks are
-// whole warps. Shared memory: the window planes, then the intermediate planes.
-template <int CH, typename T>
+// Four consecutive rows' words of one channel (byte e = column c + e) as four columns'
+// words (byte e = row 4 q + e): a 4 x 4 byte transpose.
+__device__ __forceinline__ void transpose4(const unsigned (&w)[4], unsigned (&t)[4]) {
+  const unsigned lo01 = __byte_perm(w[0], w[1], 0x5140), lo23 = __byte_perm(w[2], w[3], 0x5140);
+  const unsigned hi01 = __byte_perm(w[0], w[1], 0x7362), hi23 = __byte_perm(w[2], w[3], 0x7362);
+  t[0] = __byte_perm(lo01, lo23, 0x5410);
+  t[1] = __byte_perm(lo01, lo23, 0x7632);
+  t[2] = __byte_perm(hi01, hi23, 0x5410);
+  t[3] = __byte_perm(hi01, hi23, 0x7632);
+}
+
+// One MMA tile (an RGB or gray image resized on both axes): patches (gy0 .. gy0 + nph) x
+// (gx0 .. gx0 + npw) of its canvas, computed whole (the rows and columns past the resized
+// image get no weights, so they are the 0 padding). Blocks are whole warps. Shared memory:
+// the window planes, the intermediate planes, one pass's weights. The first pass's lines
+// are the window's rows (horizontal first) or columns (VFIRST: the window is staged
+// transposed); it writes the intermediate with the other axis contiguous, so the second
+// pass reads its lines the same way.
+template <int CH, bool VFIRST, typename T>
 __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* d,
                                          const int* __restrict__ tab, const T* tb,
                                          T* __restrict__ out, int tile, int p, u8* sm) {
@@ -742,19 +756,53 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
   // region; those inputs only ever meet weight 0
   const int uc = last_tap(tab, ax, x0 + 16 * mx - 1) - wx;
   const int ur = last_tap(tab, ay, y0 + 16 * my - 1) - wy;
-  const int ur8 = (ur + 7) & ~7, wcp = mma_pitch(uc), wrp = mma_pitch(ur8);
-  const int win_plane = ur8 * wcp, mid_plane = 16 * mx * wrp, slack = 32 * ks;
+  // the first pass: its axis, M-blocks, lines (8-aligned) and inputs a line
+  const Axis& a1 = VFIRST ? ay : ax;
+  const Span* s1 = spans[VFIRST ? 1 : 0];
+  const int m1 = VFIRST ? my : mx, lines1 = ((VFIRST ? uc : ur) + 7) & ~7;
+  const int wp = mma_pitch(VFIRST ? ur : uc), mp = mma_pitch(lines1);
+  const int win_plane = lines1 * wp, mid_plane = 16 * m1 * mp, slack = 32 * ks;
   u8* win = sm;
   u8* mid = win + CH * win_plane + slack;
   unsigned* frags = (unsigned*)(mid + CH * mid_plane + slack);  // one pass's weights at a time
   MMWIRE_SMEM_CHECK(CH * (win_plane + mid_plane) + 2 * slack + max(mx, my) * ks * 3 * 512);
-  fill_frags(tab, ax, spans[0], x0, mx, ks, frags, tid, nt);
-  {  // the window's rows and columns that the taps use, 4 pixels a thread at a time
-    const int in_w = (int)d[IN_W], groups = (uc + 3) >> 2, total = ur * groups;
+  fill_frags(tab, a1, s1, VFIRST ? y0 : x0, m1, ks, frags, tid, nt);
+  {  // the window's rows and columns that the taps use
+    const int in_w = (int)d[IN_W], groups = (uc + 3) >> 2;
+    const int quads = VFIRST ? (ur + 3) >> 2 : ur;  // row groups of one work item
+    const int total = quads * groups;
     const unsigned magic = 0xffffffffu / (unsigned)groups + 1u;  // i / groups: i * groups < 2^32
     const u8* s = src + d[SRC_OFF] + ((i64)wy * in_w + wx) * CH;
     auto row_of = [&](int i) { return groups == 1 ? i : (int)__umulhi((unsigned)i, magic); };
-    if (uc >= 4) {  // two groups a step, loads first (the second may repeat the first)
+    if (uc < 4) {  // narrower than a word: byte by byte
+      for (int i = tid; i < ur * uc; i += nt) {
+        const int r = i / uc, c = i - r * uc;
+#pragma unroll
+        for (int ch = 0; ch < CH; ++ch) {
+          win[ch * win_plane + (VFIRST ? c * wp + r : r * wp + c)] =
+              s[((i64)r * in_w + c) * CH + ch];
+        }
+      }
+    } else if (VFIRST) {  // 4 rows x 4 columns a thread, transposed: a word a column
+      for (int i = tid; i < total; i += nt) {
+        const int q = row_of(i), c = 4 * (i - q * groups);
+        unsigned w[4][CH];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {  // rows past the used ones repeat the last
+          load_planes<CH>(s + (i64)min(4 * q + e, ur - 1) * in_w * CH, c, uc, w[e]);
+        }
+#pragma unroll
+        for (int ch = 0; ch < CH; ++ch) {
+          const unsigned rows[4] = {w[0][ch], w[1][ch], w[2][ch], w[3][ch]};
+          unsigned cols[4];
+          transpose4(rows, cols);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            *(unsigned*)(win + ch * win_plane + (c + e) * wp + 4 * q) = cols[e];
+          }
+        }
+      }
+    } else {  // two groups of 4 pixels a step, loads first (the second may repeat the first)
       for (int i = tid; i < total; i += 2 * nt) {
         const int i2 = min(i + nt, total - 1);
         const int r = row_of(i), r2 = row_of(i2);
@@ -764,70 +812,109 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
         load_planes<CH>(s + (i64)r2 * in_w * CH, c2, uc, w2);
 #pragma unroll
         for (int ch = 0; ch < CH; ++ch) {
-          *(unsigned*)(win + ch * win_plane + r * wcp + c) = w[ch];
-          *(unsigned*)(win + ch * win_plane + r2 * wcp + c2) = w2[ch];
+          *(unsigned*)(win + ch * win_plane + r * wp + c) = w[ch];
+          *(unsigned*)(win + ch * win_plane + r2 * wp + c2) = w2[ch];
         }
-      }
-    } else {
-      for (int i = tid; i < total; i += nt) {
-        const int r = row_of(i);
-        stage_planes<CH>(s + (i64)r * in_w * CH, 4 * (i - r * groups), uc, win + r * wcp,
-                         win_plane);
       }
     }
   }
   __syncthreads();  // the window, the weights (and the block's normalise table) are in place
+  const int pp = p * p;
+  const int inv_p = (65536 + p - 1) / p;  // x / p == (x * inv_p) >> 16 for x < 65536 / p
+  T* o0 = out + (d[ROW] + (i64)gy0 * gw + gx0) * 3 * pp;  // patch offsets below are 32-bit
+  // where canvas row y (column x) of the tile starts in its patches, from o0
+  auto row_at = [&](int y) {
+    const int ky = (y * inv_p) >> 16;
+    return ky * gw * 3 * pp + (y - ky * p) * p;
+  };
+  auto col_at = [&](int x) {
+    const int kx = (x * inv_p) >> 16;
+    return kx * 3 * pp + x - kx * p;
+  };
   // the passes, compiled for tiles of one and of two 32-input steps (fewer registers for one)
   auto passes = [&](auto most_steps) {
     constexpr int KS = decltype(most_steps)::value;
-    // horizontal: output columns x0 .. (M) times 8 window rows of a channel (N) into the
-    // intermediate, a column of window rows per output column
-    const int rbs = ur8 >> 3;
-    u8* mrow = mid;  // the lane's first intermediate column of the M-block
+    // the first pass: its outputs (M) times 8 window lines of a channel (N) into the
+    // intermediate, a line of the other axis per output
+    u8* mrow = mid;  // the lane's first intermediate line of the M-block
     mma_pass<CH, KS>(
-        spans[0], frags, ks, mx, rbs, [&](int j) { mrow = mid + (16 * j + g) * wrp + 2 * t; },
-        [&](int c, int rb, int line) { return win + c * win_plane + (rb * 8 + line) * wcp; },
-        [&](int c, int rb, const unsigned v[2]) {
-          u8* m = mrow + c * mid_plane + rb * 8;
+        s1, frags, ks, m1, lines1 >> 3, [&](int j) { mrow = mid + (16 * j + g) * mp + 2 * t; },
+        [&](int c, int lb, int line) { return win + c * win_plane + (lb * 8 + line) * wp; },
+        [&](int c, int lb, const unsigned v[2]) {
+          u8* m = mrow + c * mid_plane + lb * 8;
           *(unsigned short*)m = (unsigned short)__byte_perm(v[0], 0, 0x4420);
-          *(unsigned short*)(m + 8 * wrp) = (unsigned short)__byte_perm(v[1], 0, 0x4420);
+          *(unsigned short*)(m + 8 * mp) = (unsigned short)__byte_perm(v[1], 0, 0x4420);
         });
-    __syncthreads();  // the intermediate is in place, the horizontal weights done with
-    fill_frags(tab, ay, spans[1], y0, my, ks, frags, tid, nt);
+    __syncthreads();  // the intermediate is in place, the first pass's weights done with
+    fill_frags(tab, VFIRST ? ax : ay, spans[VFIRST ? 0 : 1], VFIRST ? x0 : y0, VFIRST ? mx : my,
+               ks, frags, tid, nt);
     __syncthreads();
-    // vertical: output rows y0 .. (M) times 8 columns of a channel (N), into the patches,
-    // addressed from the tile's first patch in 32 bits (a tile spans a few patch rows)
-    const int pp = p * p;
-    const int inv_p = (65536 + p - 1) / p;  // x / p == (x * inv_p) >> 16 for x < 65536 / p
-    T* o0 = out + (d[ROW] + (i64)gy0 * gw + gx0) * 3 * pp;
-    int row_at[2] = {-1, -1};  // the lane's two output rows of the M-block: offsets, -1 if past
-    mma_pass<CH, KS>(
-        spans[1], frags, ks, my, (tw + 7) >> 3,
-        [&](int i) {
+    auto line2 = [&](int c, int lb, int line) {
+      return mid + c * mid_plane + (lb * 8 + line) * mp;
+    };
+    if constexpr (!VFIRST) {
+      // vertical: output rows (M) times 8 columns of a channel (N): each lane has two
+      // neighbouring pixels of a patch row (p even), stored as a pair
+      int rows[2] = {-1, -1};  // the lane's two output rows of the M-block; -1 past the tile
+      mma_pass<CH, KS>(
+          spans[1], frags, ks, my, (tw + 7) >> 3,
+          [&](int i) {
 #pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            const int y = 16 * i + g + 8 * r, ky = (y * inv_p) >> 16;
-            row_at[r] = y < th ? ky * gw * 3 * pp + (y - ky * p) * p : -1;
-          }
-        },
-        [&](int c, int xb, int line) { return mid + c * mid_plane + (xb * 8 + line) * wrp; },
-        [&](int c, int xb, const unsigned v[2]) {
-          const int x = xb * 8 + 2 * t;
-          if (x >= tw) return;
-          const int kx = (x * inv_p) >> 16;  // p even: x and x + 1 share a patch
-          const int col_at = kx * 3 * pp + x - kx * p;
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            if (row_at[r] < 0) continue;
-#pragma unroll
-            for (int q = 0; q < (CH == 1 ? 3 : 1); ++q) {  // gray fills all three planes
-              const int plane = CH == 1 ? q : c;
-              const T* plane_tb = tb + 256 * plane;
-              const T pair[2] = {plane_tb[v[r] & 255u], plane_tb[v[r] >> 16]};
-              store_run<2>(o0 + (row_at[r] + col_at + plane * pp), pair);
+            for (int r = 0; r < 2; ++r) {
+              const int y = 16 * i + g + 8 * r;
+              rows[r] = y < th ? row_at(y) : -1;
             }
-          }
-        });
+          },
+          line2,
+          [&](int c, int xb, const unsigned v[2]) {
+            const int x = xb * 8 + 2 * t;
+            if (x >= tw) return;
+            const int col = col_at(x);
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+              if (rows[r] < 0) continue;
+#pragma unroll
+              for (int q = 0; q < (CH == 1 ? 3 : 1); ++q) {  // gray fills all three planes
+                const int plane = CH == 1 ? q : c;
+                const T* plane_tb = tb + 256 * plane;
+                const T pair[2] = {plane_tb[v[r] & 255u], plane_tb[v[r] >> 16]};
+                store_run<2>(o0 + (rows[r] + col + plane * pp), pair);
+              }
+            }
+          });
+    } else {
+      // horizontal: output columns (M) times 8 rows of a channel (N): each lane has two
+      // pixels of neighbouring rows, stored one by one
+      int cols[2] = {-1, -1};  // the lane's two output columns of the M-block; -1 past it
+      mma_pass<CH, KS>(
+          spans[0], frags, ks, mx, (th + 7) >> 3,
+          [&](int j) {
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+              const int x = 16 * j + g + 8 * r;
+              cols[r] = x < tw ? col_at(x) : -1;
+            }
+          },
+          line2,
+          [&](int c, int yb, const unsigned v[2]) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int y = yb * 8 + 2 * t + e;
+              if (y >= th) continue;
+              const int row = row_at(y);
+#pragma unroll
+              for (int r = 0; r < 2; ++r) {
+                if (cols[r] < 0) continue;
+                const unsigned b = e == 0 ? v[r] & 255u : v[r] >> 16;
+#pragma unroll
+                for (int q = 0; q < (CH == 1 ? 3 : 1); ++q) {  // gray fills all three planes
+                  const int plane = CH == 1 ? q : c;
+                  o0[row + cols[r] + plane * pp] = tb[256 * plane + b];
+                }
+              }
+            }
+          });
+    }
   };
   if (ks == 1) {
     passes(Int<1>());
@@ -1028,7 +1115,11 @@ __global__ void __launch_bounds__(FUSED_THREADS, KIND == PLAIN ? FUSED_PLAIN_MIN
   const int tile = t - (int)d[TILE_START];
   if constexpr (KIND == MMA) {
     static_assert(CH != 4, "MMA tiles are RGB or gray");
-    mma_tile<CH, T>(src, d, tab, tb, out, tile, p, (u8*)dynamic_smem());
+    if (d[PASS1] == 2) {  // vertical first
+      mma_tile<CH, true, T>(src, d, tab, tb, out, tile, p, (u8*)dynamic_smem());
+    } else {
+      mma_tile<CH, false, T>(src, d, tab, tb, out, tile, p, (u8*)dynamic_smem());
+    }
   } else {
     fused_tile<CH, KIND == PLAIN, T>(src, mid, d, tab, tb, out, tile, p, dynamic_smem());
   }

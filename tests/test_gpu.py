@@ -74,6 +74,50 @@ def test_cuda_kernels_equal_the_cpu_path(rng: np.random.Generator, name: str, dt
     assert differing(got_pv, want_pv) == 0
 
 
+def test_cuda_tensor_cores_equal_the_general_kernel_in_both_pass_orders(
+    rng: np.random.Generator,
+) -> None:
+    # pinned to Pillow 13's pass order (the device may have an older Pillow, so the CPU path
+    # cannot judge): the tall images pass vertically first, the others horizontally; the MMA
+    # kernel must give the general kernel's bytes, which CI checks against Pillow 13
+    from kernel_cases import differing
+    from mmwire.kernels import FIELDS, CupyLauncher, layout_of, pack, preprocess_packed
+    from mmwire.kernels._descriptors import ImageJob
+    from mmwire.materialize import ProcessorConfig
+
+    class NoTensorCores(CupyLauncher):
+        @property
+        def tensor_cores(self) -> bool:
+            return False
+
+    cfg = ProcessorConfig(in_patch_limit=1024)
+    shapes = ((2400, 800, 3), (1800, 650, 1), (1000, 1500, 3), (777, 513, 3))
+    images = [rng.integers(0, 256, s, dtype=np.uint8) for s in shapes]
+    specs = [cfg.spec_for(im.shape[1], im.shape[0]) for im in images]
+    jobs = tuple(
+        ImageJob(
+            w,
+            h,
+            c,
+            sp.plan.new_width,
+            sp.plan.new_height,
+            None,
+            sp.plan.grid.w,
+            sp.plan.grid.patches,
+        )
+        for (h, w, c), sp in zip(shapes, specs)
+    )
+    layout = layout_of(jobs, (13, 0), 14, tensor_cores=True)
+    assert [int(r[FIELDS.index("PASS1")]) for r in layout.desc] == [2, 2, 1, 1]
+    assert {kind for _, kind, _, _ in layout.tile_groups} == {"mma"}
+    src, packed = pack([torch.from_numpy(im).cuda() for im in images])
+    general = NoTensorCores(src.device)
+    for dtype in (torch.float32, torch.bfloat16):
+        got, _ = preprocess_packed(src, packed, specs, dtype, pillow=(13, 0))
+        want, _ = preprocess_packed(src, packed, specs, dtype, pillow=(13, 0), launcher=general)
+        assert differing(got, want) == 0
+
+
 @pytest.mark.parametrize("resizing", [False, True])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_cuda_seed_case_4x1536x1024(rng: np.random.Generator, resizing: bool, dtype: str) -> None:
