@@ -25,11 +25,11 @@
 //     window (the resize taps' halo included) into shared memory with coalesced loads,
 //     runs the first of two passes there into a shared intermediate, and the last pass,
 //     composite, normalise and patchify from it: the intermediate never reaches global
-//     memory. An image whose tile would not fit (TILED = 0) reads global
-//     memory instead: its source, or for two passes the intermediate of resize_pass1. The
-//     loops stride by the block's shape, so any block shape gives the same bytes (the GPU
-//     runs (p / 2, 256 / (p / 2)) for an even p, a thread per pixel pair; the host build a
-//     few threads per block).
+//     memory. An image whose tile would not fit (TILED = 0) reads global memory instead:
+//     its source, or for two passes the intermediate of resize_pass1. The loops stride by
+//     the block's shape, so any block shape gives the same bytes (the GPU runs
+//     (p / 2, 256 / (p / 2)) for an even p, a thread per pixel pair; the host build a few
+//     threads per block).
 
 enum Field {
   SRC_OFF = 0,        // byte offset of the image (uint8 HWC) in the source buffer
@@ -468,9 +468,10 @@ __device__ __forceinline__ void plain_runs(const u8* __restrict__ s0, i64 row, c
 // w = b2 * 2^16 + b1 * 2^8 + b0 (b0, b1 unsigned, b2 signed since |w| < 2^23), and the three
 // products' int32 sums add up to Pillow's accumulator (wrapping adds; the total is in range).
 // A tile's source window sits in shared memory as one plane a channel (rows of input
-// columns); the horizontal pass writes the intermediate transposed (columns of window rows),
-// so both passes read 4 consecutive k of a line as one word; the vertical pass hands each
-// lane two neighbouring pixels of a patch row, which go out through the normalise table.
+// columns; columns of input rows when Pillow resizes vertically first); the first pass
+// writes the intermediate with the other axis contiguous, so both passes read 4
+// consecutive k of a line as one word; the last pass's outputs go out through the
+// normalise table (in pairs along a patch row when it is the vertical one).
 
 #define MMA_KS 2  // the most 32-input steps of one 16-output block (host: _MMA_STEPS)
 #define MMA_MAX_BLOCKS 16  // the most M-blocks along a tile's side (host: _MMA_MAX_BLOCKS)
@@ -668,24 +669,10 @@ __device__ __forceinline__ void mma_pass(const Span* spans, const unsigned* frag
 // lines x 4 words a warp reads fall in 32 different banks.
 __device__ __forceinline__ int mma_pitch(int n) { return ((n + 15) & ~31) + 16; }
 
-// Four pixels of a source row from column c into the planar window (one word a channel,
-// byte e = pixel c + e): 12 bytes for RGB with word loads; past `cols`, nothing is read.
-template <int CH>
-__device__ __forceinline__ void stage_planes(const u8* __restrict__ row, int c, int cols,
-                                             u8* dst, int plane) {
-  unsigned w[CH];
-#pragma unroll
-  for (int ch = 0; ch < CH; ++ch) w[ch] = 0;
-  for (int e = 0; e < min(4, cols - c); ++e) {
-#pragma unroll
-    for (int ch = 0; ch < CH; ++ch) w[ch] |= (unsigned)row[(c + e) * CH + ch] << (8 * e);
-  }
-#pragma unroll
-  for (int ch = 0; ch < CH; ++ch) *(unsigned*)(dst + ch * plane + c) = w[ch];
-}
-
-// The same words without a branch, for cols >= 4: a group past `cols` loads the row's last
-// four pixels instead and shifts its own to the low bytes (the bytes above are 0).
+// Four pixels of a source row from column c as one word a channel (byte e = pixel c + e),
+// for cols >= 4 and without a branch: 12 bytes for RGB with word loads; a group past `cols`
+// loads the row's last four pixels instead and shifts its own to the low bytes (the bytes
+// above are 0), so nothing past `cols` is read.
 template <int CH>
 __device__ __forceinline__ void load_planes(const u8* __restrict__ row, int c, int cols,
                                             unsigned (&w)[CH]) {
@@ -831,6 +818,15 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
     const int kx = (x * inv_p) >> 16;
     return kx * 3 * pp + x - kx * p;
   };
+  // the offsets (row_at or col_at) of the lane's two outputs of M-block i, 16 i + g and + 8,
+  // along a tile side of `size` pixels; -1 past it
+  auto lane_at = [&](int i, int size, auto at, int (&offsets)[2]) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int o = 16 * i + g + 8 * r;
+      offsets[r] = o < size ? at(o) : -1;
+    }
+  };
   // the passes, compiled for tiles of one and of two 32-input steps (fewer registers for one)
   auto passes = [&](auto most_steps) {
     constexpr int KS = decltype(most_steps)::value;
@@ -855,16 +851,9 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
     if constexpr (!VFIRST) {
       // vertical: output rows (M) times 8 columns of a channel (N): each lane has two
       // neighbouring pixels of a patch row (p even), stored as a pair
-      int rows[2] = {-1, -1};  // the lane's two output rows of the M-block; -1 past the tile
+      int rows[2];  // the lane's two output rows of the M-block
       mma_pass<CH, KS>(
-          spans[1], frags, ks, my, (tw + 7) >> 3,
-          [&](int i) {
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-              const int y = 16 * i + g + 8 * r;
-              rows[r] = y < th ? row_at(y) : -1;
-            }
-          },
+          spans[1], frags, ks, my, (tw + 7) >> 3, [&](int i) { lane_at(i, th, row_at, rows); },
           line2,
           [&](int c, int xb, const unsigned v[2]) {
             const int x = xb * 8 + 2 * t;
@@ -885,16 +874,9 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
     } else {
       // horizontal: output columns (M) times 8 rows of a channel (N): each lane has two
       // pixels of neighbouring rows, stored one by one
-      int cols[2] = {-1, -1};  // the lane's two output columns of the M-block; -1 past it
+      int cols[2];  // the lane's two output columns of the M-block
       mma_pass<CH, KS>(
-          spans[0], frags, ks, mx, (th + 7) >> 3,
-          [&](int j) {
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-              const int x = 16 * j + g + 8 * r;
-              cols[r] = x < tw ? col_at(x) : -1;
-            }
-          },
+          spans[0], frags, ks, mx, (th + 7) >> 3, [&](int j) { lane_at(j, tw, col_at, cols); },
           line2,
           [&](int c, int yb, const unsigned v[2]) {
 #pragma unroll
