@@ -352,6 +352,9 @@ def resize(
     return resize_packed(src, shapes, sizes, pillow=pillow)
 
 
+_OUT_ALIGN = 8  # UNIT_BYTES in pixels.cu: the widest store, of fp32 pairs or 16-bit quads
+
+
 def _check_out(
     out: torch.Tensor, jobs: Sequence[ImageJob], p: int, dtype: torch.dtype, device: torch.device
 ) -> None:
@@ -359,6 +362,8 @@ def _check_out(
         raise ValueError(f"`out` must be a contiguous {dtype} tensor on {device}")
     if out.ndim != 4 or tuple(out.shape[1:]) != (3, p, p):
         raise ValueError(f"`out` must be (rows, 3, {p}, {p}), got {list(out.shape)}")
+    if out.data_ptr() % _OUT_ALIGN:  # the kernels store 8 bytes at a time
+        raise ValueError(f"`out` must start at a multiple of {_OUT_ALIGN} bytes")
     spans, packed = [], 0
     for job in jobs:
         start = packed if job.row is None else job.row  # as layout_of places it

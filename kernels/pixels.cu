@@ -295,15 +295,20 @@ __device__ __forceinline__ void packed_pass(const unsigned* m, int step,
 }
 
 // V values of T as one store (o aligned to V elements): with V = 2, 8 bytes for fp32 and 4
-// for the 16-bit types, so a warp writes half as many store instructions.
+// for the 16-bit types; with V = 4 (16-bit types only), 8 bytes. A warp writes fewer, wider
+// stores.
 template <int V, typename T>
 __device__ __forceinline__ void store_run(T* __restrict__ o, const T (&v)[V]) {
   if constexpr (V == 1) {
     o[0] = v[0];
-  } else if constexpr (sizeof(T) == 4) {
+  } else if constexpr (V == 2 && sizeof(T) == 4) {
     *(unsigned long long*)o = (unsigned long long)v[0] | ((unsigned long long)v[1] << 32);
-  } else {
+  } else if constexpr (V == 2) {
     *(unsigned*)o = (unsigned)v[0] | ((unsigned)v[1] << 16);
+  } else {
+    static_assert(V == 4 && sizeof(T) == 2, "8-byte stores at most");
+    *(uint2*)o = make_uint2((unsigned)v[0] | ((unsigned)v[1] << 16),
+                            (unsigned)v[2] | ((unsigned)v[3] << 16));
   }
 }
 
@@ -414,6 +419,85 @@ __device__ __forceinline__ void load_bytes(const u8* p, unsigned (&out)[2]) {
   out[1] = __funnelshift_r(a1, a2, 8 * skew);
 }
 
+// The units of a tile's patches a thread writes, for an even p: U consecutive values of a
+// patch plane (a plane is p * p values, a multiple of 4, so with U = 2 or 4 a unit is one
+// aligned store: UNIT_BYTES = 8 bytes, U = 2 for fp32 and 4 for the 16-bit types, which
+// measured best), as U / 2 runs of a pixel pair of a patch row (a run never wraps a row).
+// Units are counted without dividing: a thread's next is nt units on, nt / units patches
+// and nt % units units.
+#define UNIT_BYTES 8
+template <int U>
+struct Units {
+  int ky, kx, u, units, dk, du;
+  unsigned inv_p;  // e / p as a high product, exact while e * p < 2^32: e < p * p, p <= 256
+  __device__ __forceinline__ Units(int p, int npw) {
+    const int tid = threadIdx.y * blockDim.x + threadIdx.x, nt = blockDim.x * blockDim.y;
+    units = p * p / U;
+    dk = nt / units;
+    du = nt - dk * units;
+    const int k = tid / units;  // the thread's first patch of the tile, and unit in it
+    u = tid - k * units;
+    ky = k / npw;
+    kx = k - ky * npw;
+    inv_p = 0xffffffffu / (unsigned)p + 1u;
+  }
+  // The tile pixel (ry, cx) of the unit's run i.
+  __device__ __forceinline__ void run_at(int i, int p, int& ry, int& cx) const {
+    const int e = U * u + 2 * i;  // the run's first value in the plane
+    const int py = (int)__umulhi((unsigned)e, inv_p);
+    ry = ky * p + py;
+    cx = kx * p + e - py * p;
+  }
+  // The unit's first value in the tile's patches (32-bit, from its first patch).
+  __device__ __forceinline__ int offset(int p, int gw) const {
+    return (ky * gw + kx) * 3 * p * p + U * u;
+  }
+  __device__ __forceinline__ void next(int npw) {
+    u += du;
+    kx += dk;
+    if (u >= units) {
+      u -= units;
+      ++kx;
+    }
+    while (kx >= npw) {
+      kx -= npw;
+      ++ky;
+    }
+  }
+};
+
+// The table values of a run of V pixels of a source row from s, n of them in the image (the
+// rest is padding), the first at canvas pixel (y, x): plane c's into r[c][at ..].
+template <int CH, int V, int N, typename T>
+__device__ __forceinline__ void run_values(const u8* __restrict__ s, int n, const i64* d, int y,
+                                           int x, const T* tb, T (&r)[3][N], int at) {
+  int v[V][4];
+  if (n == V) {
+    unsigned w[2];
+    load_bytes<V * CH>(s, w);
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int b = i * CH + c;
+        v[i][c] = c < CH ? (int)((w[b >> 2] >> (8 * (b & 3))) & 255u) : 0;
+      }
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      if (i < n) load_px<CH>(s + i * CH, false, v[i]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    int rgb[3] = {0, 0, 0};
+    if (i < n) to_rgb<CH>(d, y, x + i, v[i], rgb);
+#pragma unroll
+    for (int c = 0; c < 3; ++c) r[c][at + i] = tb[256 * c + rgb[c]];
+  }
+}
+
 // An unresized tile straight from the source (no window, no barrier after the table): a
 // thread takes runs of V pixels of the patch rows it walks, loads each run's bytes with a
 // few word loads and writes each plane's V values in one store. s0 and o0 are the tile's
@@ -430,35 +514,35 @@ __device__ __forceinline__ void plain_runs(const u8* __restrict__ s0, i64 row, c
     const u8* s = s0 + (i64)ry * row + cx * CH;
     for (int px = tx * V; px < p; px += bx * V) {
       const int n = ry < vh ? min(V, vw - cx - px) : 0;  // pixels of the run in the image
-      int v[V][4];
-      if (n == V) {
-        unsigned w[2];
-        load_bytes<V * CH>(s + px * CH, w);
-#pragma unroll
-        for (int i = 0; i < V; ++i) {
-#pragma unroll
-          for (int c = 0; c < 4; ++c) {
-            const int b = i * CH + c;
-            v[i][c] = c < CH ? (int)((w[b >> 2] >> (8 * (b & 3))) & 255u) : 0;
-          }
-        }
-      } else {
-#pragma unroll
-        for (int i = 0; i < V; ++i) {
-          if (i < n) load_px<CH>(s + (px + i) * CH, false, v[i]);
-        }
-      }
       T r[3][V];
-#pragma unroll
-      for (int i = 0; i < V; ++i) {
-        int rgb[3] = {0, 0, 0};
-        if (i < n) to_rgb<CH>(d, y0 + ry, x0 + cx + px + i, v[i], rgb);
-#pragma unroll
-        for (int c = 0; c < 3; ++c) r[c][i] = tb[256 * c + rgb[c]];
-      }
+      run_values<CH, V>(s + px * CH, n, d, y0 + ry, x0 + cx + px, tb, r, 0);
 #pragma unroll
       for (int c = 0; c < 3; ++c) store_run<V>(o + c * pp + px, r[c]);
     }
+  }
+}
+
+// The same for RGB and gray in the 16-bit types: a thread takes units (above) instead of a
+// pixel pair of each patch row it walks, so each plane's four values go out in one 8-byte
+// store (fp32 keeps the pairs: its units measured slower; RGBA too: its composite needs the
+// registers).
+template <int CH, int U, typename T>
+__device__ __forceinline__ void plain_units(const u8* __restrict__ s0, i64 row, const i64* d,
+                                            const T* tb, T* __restrict__ o0, int p, int gw,
+                                            int nph, int npw, int vh, int vw, int y0, int x0) {
+  const int pp = p * p;
+  for (Units<U> k(p, npw); k.ky < nph; k.next(npw)) {
+    T r[3][U];
+#pragma unroll
+    for (int run = 0; run < U / 2; ++run) {
+      int ry, cx;
+      k.run_at(run, p, ry, cx);
+      const int n = ry < vh ? min(2, vw - cx) : 0;  // pixels of the run in the image
+      run_values<CH, 2>(s0 + (i64)ry * row + cx * CH, n, d, y0 + ry, x0 + cx, tb, r, 2 * run);
+    }
+    T* o = o0 + k.offset(p, gw);
+#pragma unroll
+    for (int c = 0; c < 3; ++c) store_run<U>(o + c * pp, r[c]);
   }
 }
 
@@ -968,12 +1052,14 @@ __device__ __forceinline__ void fused_tile(const u8* __restrict__ src, const u8*
     const u8* s0 = src + d[SRC_OFF] + (i64)y0 * row + (i64)x0 * CH;
     T* o0 = out + first_patch * 3 * pp;
     __syncthreads();  // the block's normalise table is in place
-    if ((p & 1) == 0) {
+    if ((p & 1) != 0) {
+      plain_runs<CH, 1>(s0, row, d, tb, o0, p, gw, nph, npw, vy1 - y0, vx1 - x0, y0, x0);
+    } else if constexpr (sizeof(T) == 4 || CH == 4) {
       plain_runs<CH, 2>(s0, row, d, tb, o0, p, gw, nph, npw, vy1 - y0, vx1 - x0, y0, x0);
     } else {
-      plain_runs<CH, 1>(s0, row, d, tb, o0, p, gw, nph, npw, vy1 - y0, vx1 - x0, y0, x0);
-    }
-    return;
+      plain_units<CH, UNIT_BYTES / sizeof(T)>(s0, row, d, tb, o0, p, gw, nph, npw, vy1 - y0,
+                                              vx1 - x0, y0, x0);
+    }    return;
   }
   if (!tiled) {  // global memory: the source, or resize_pass1's intermediate
     __syncthreads();  // the block's normalise table is in place

@@ -59,6 +59,11 @@ def test_fused_block_limit_matches_the_cuda_define() -> None:
         assert across == (p // 2 if p % 2 == 0 else p)  # a pixel pair a thread when p is even
 
 
+def test_out_alignment_matches_the_widest_store() -> None:
+    found = re.search(r"#define UNIT_BYTES (\d+)", SOURCE.read_text())
+    assert found is not None and int(found.group(1)) == _ops._OUT_ALIGN
+
+
 def _row(job: ImageJob, pillow: tuple[int, int] = (13, 0)) -> dict[str, int]:
     layout = layout_of((job,), pillow)
     return {name: int(v) for name, v in zip(FIELDS, layout.desc[0])}
@@ -325,3 +330,6 @@ def test_patches_land_at_the_given_rows_and_overlaps_are_refused(
         preprocess_packed(src, shapes, specs, out=out, rows=[0, 1], launcher=host)
     with pytest.raises(ValueError, match="do not fit"):
         preprocess_packed(src, shapes, specs, out=out, rows=[n1 + 6, 0], launcher=host)
+    skewed = torch.empty((n0 + n1) * 3 * 14 * 14 + 1)[1:].view(n0 + n1, 3, 14, 14)
+    with pytest.raises(ValueError, match="multiple of 8 bytes"):  # a store would fault
+        preprocess_packed(src, shapes, specs, out=skewed, launcher=host)

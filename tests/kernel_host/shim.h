@@ -60,6 +60,10 @@ static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
   return r;
 }
 
+// The vector type of the 8-byte stores.
+struct uint2 { unsigned x, y; };
+static inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
+
 using std::max;
 using std::min;
 static inline float __fdiv_rn(float a, float b) { return a / b; }
