@@ -277,7 +277,9 @@ def _mma_measure(job: ImageJob, patch: int, v_first: bool) -> Measure:
         lines = -(-(uc if v_first else ur) // 8) * 8
         inputs, m1 = (ur, my) if v_first else (uc, mx)
         frags = max(mx, my) * ks * 3 * 512  # one pass's weight fragments
-        planes = lines * _mma_pitch(inputs) + 16 * m1 * _mma_pitch(lines)  # window, intermediate
+        # a plane of the window (later the second pass's bytes) and of the intermediate
+        planes = max(lines * _mma_pitch(inputs), 16 * my * _mma_pitch(tw))
+        planes += 16 * m1 * _mma_pitch(lines)
         need = job.ch * planes + 2 * 32 * ks + frags  # and the slack after each
         first, second = (sy, sx) if v_first else (sx, sy)
         products = (

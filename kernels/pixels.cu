@@ -554,8 +554,8 @@ __device__ __forceinline__ void plain_units(const u8* __restrict__ s0, i64 row, 
 // A tile's source window sits in shared memory as one plane a channel (rows of input
 // columns; columns of input rows when Pillow resizes vertically first); the first pass
 // writes the intermediate with the other axis contiguous, so both passes read 4
-// consecutive k of a line as one word; the last pass's outputs go out through the
-// normalise table (in pairs along a patch row when it is the vertical one).
+// consecutive k of a line as one word; the last pass writes its bytes over the window, and
+// the block then sends them through the normalise table into the patches as units (above).
 
 #define MMA_KS 2  // the most 32-input steps of one 16-output block (host: _MMA_STEPS)
 #define MMA_MAX_BLOCKS 16  // the most M-blocks along a tile's side (host: _MMA_MAX_BLOCKS)
@@ -789,10 +789,12 @@ __device__ __forceinline__ void transpose4(const unsigned (&w)[4], unsigned (&t)
 // One MMA tile (an RGB or gray image resized on both axes): patches (gy0 .. gy0 + nph) x
 // (gx0 .. gx0 + npw) of its canvas, computed whole (the rows and columns past the resized
 // image get no weights, so they are the 0 padding). Blocks are whole warps. Shared memory:
-// the window planes, the intermediate planes, one pass's weights. The first pass's lines
-// are the window's rows (horizontal first) or columns (VFIRST: the window is staged
-// transposed); it writes the intermediate with the other axis contiguous, so the second
-// pass reads its lines the same way.
+// the window planes (later the second pass's output planes), the intermediate planes, one
+// pass's weights. The first pass's lines are the window's rows (horizontal first) or
+// columns (VFIRST: the window is staged transposed); it writes the intermediate with the
+// other axis contiguous, so the second pass reads its lines the same way. The second pass
+// writes bytes, row-major in both orders; the patches are written from them after a
+// barrier, as units of 8 bytes (an unresized tile's way), not by the lanes of the products.
 template <int CH, bool VFIRST, typename T>
 __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* d,
                                          const int* __restrict__ tab, const T* tb,
@@ -833,10 +835,15 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
   const int m1 = VFIRST ? my : mx, lines1 = ((VFIRST ? uc : ur) + 7) & ~7;
   const int wp = mma_pitch(VFIRST ? ur : uc), mp = mma_pitch(lines1);
   const int win_plane = lines1 * wp, mid_plane = 16 * m1 * mp, slack = 32 * ks;
+  // the second pass's bytes, a plane a channel of 16 my rows x op columns (all its M- and
+  // N-blocks reach: op is at least tw rounded up to 16), where the window was
+  const int op = mma_pitch(tw), out_plane = 16 * my * op;
+  const int first = CH * max(win_plane, out_plane);
   u8* win = sm;
-  u8* mid = win + CH * win_plane + slack;
+  u8* ob = sm;
+  u8* mid = win + first + slack;
   unsigned* frags = (unsigned*)(mid + CH * mid_plane + slack);  // one pass's weights at a time
-  MMWIRE_SMEM_CHECK(CH * (win_plane + mid_plane) + 2 * slack + max(mx, my) * ks * 3 * 512);
+  MMWIRE_SMEM_CHECK(first + CH * mid_plane + 2 * slack + max(mx, my) * ks * 3 * 512);
   fill_frags(tab, a1, s1, VFIRST ? y0 : x0, m1, ks, frags, tid, nt);
   {  // the window's rows and columns that the taps use
     const int in_w = (int)d[IN_W], groups = (uc + 3) >> 2;
@@ -890,27 +897,6 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
     }
   }
   __syncthreads();  // the window, the weights (and the block's normalise table) are in place
-  const int pp = p * p;
-  const int inv_p = (65536 + p - 1) / p;  // x / p == (x * inv_p) >> 16 for x < 65536 / p
-  T* o0 = out + (d[ROW] + (i64)gy0 * gw + gx0) * 3 * pp;  // patch offsets below are 32-bit
-  // where canvas row y (column x) of the tile starts in its patches, from o0
-  auto row_at = [&](int y) {
-    const int ky = (y * inv_p) >> 16;
-    return ky * gw * 3 * pp + (y - ky * p) * p;
-  };
-  auto col_at = [&](int x) {
-    const int kx = (x * inv_p) >> 16;
-    return kx * 3 * pp + x - kx * p;
-  };
-  // the offsets (row_at or col_at) of the lane's two outputs of M-block i, 16 i + g and + 8,
-  // along a tile side of `size` pixels; -1 past it
-  auto lane_at = [&](int i, int size, auto at, int (&offsets)[2]) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int o = 16 * i + g + 8 * r;
-      offsets[r] = o < size ? at(o) : -1;
-    }
-  };
   // the passes, compiled for tiles of one and of two 32-input steps (fewer registers for one)
   auto passes = [&](auto most_steps) {
     constexpr int KS = decltype(most_steps)::value;
@@ -925,7 +911,7 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
           *(unsigned short*)m = (unsigned short)__byte_perm(v[0], 0, 0x4420);
           *(unsigned short*)(m + 8 * mp) = (unsigned short)__byte_perm(v[1], 0, 0x4420);
         });
-    __syncthreads();  // the intermediate is in place, the first pass's weights done with
+    __syncthreads();  // the intermediate is in place, the window and first weights done with
     fill_frags(tab, VFIRST ? ax : ay, spans[VFIRST ? 0 : 1], VFIRST ? x0 : y0, VFIRST ? mx : my,
                ks, frags, tid, nt);
     __syncthreads();
@@ -933,51 +919,30 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
       return mid + c * mid_plane + (lb * 8 + line) * mp;
     };
     if constexpr (!VFIRST) {
-      // vertical: output rows (M) times 8 columns of a channel (N): each lane has two
-      // neighbouring pixels of a patch row (p even), stored as a pair
-      int rows[2];  // the lane's two output rows of the M-block
+      // vertical: output rows (M) times 8 columns of a channel (N): a lane's two pixels of
+      // a row are neighbours, stored as a pair
+      u8* orow = ob;  // the lane's first output row of the M-block
       mma_pass<CH, KS>(
-          spans[1], frags, ks, my, (tw + 7) >> 3, [&](int i) { lane_at(i, th, row_at, rows); },
-          line2,
+          spans[1], frags, ks, my, (tw + 7) >> 3,
+          [&](int i) { orow = ob + (16 * i + g) * op + 2 * t; }, line2,
           [&](int c, int xb, const unsigned v[2]) {
-            const int x = xb * 8 + 2 * t;
-            if (x >= tw) return;
-            const int col = col_at(x);
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-              if (rows[r] < 0) continue;
-#pragma unroll
-              for (int q = 0; q < (CH == 1 ? 3 : 1); ++q) {  // gray fills all three planes
-                const int plane = CH == 1 ? q : c;
-                const T* plane_tb = tb + 256 * plane;
-                const T pair[2] = {plane_tb[v[r] & 255u], plane_tb[v[r] >> 16]};
-                store_run<2>(o0 + (rows[r] + col + plane * pp), pair);
-              }
-            }
+            u8* m = orow + c * out_plane + xb * 8;
+            *(unsigned short*)m = (unsigned short)__byte_perm(v[0], 0, 0x4420);
+            *(unsigned short*)(m + 8 * op) = (unsigned short)__byte_perm(v[1], 0, 0x4420);
           });
     } else {
-      // horizontal: output columns (M) times 8 rows of a channel (N): each lane has two
-      // pixels of neighbouring rows, stored one by one
-      int cols[2];  // the lane's two output columns of the M-block
+      // horizontal: output columns (M) times 8 rows of a channel (N): a lane's two pixels
+      // are in neighbouring rows, stored one by one
+      u8* ocol = ob;  // the lane's first output column of the M-block, in its first row
       mma_pass<CH, KS>(
-          spans[0], frags, ks, mx, (th + 7) >> 3, [&](int j) { lane_at(j, tw, col_at, cols); },
-          line2,
+          spans[0], frags, ks, mx, (th + 7) >> 3,
+          [&](int j) { ocol = ob + 2 * t * op + 16 * j + g; }, line2,
           [&](int c, int yb, const unsigned v[2]) {
+            u8* m = ocol + c * out_plane + yb * 8 * op;
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int y = yb * 8 + 2 * t + e;
-              if (y >= th) continue;
-              const int row = row_at(y);
-#pragma unroll
-              for (int r = 0; r < 2; ++r) {
-                if (cols[r] < 0) continue;
-                const unsigned b = e == 0 ? v[r] & 255u : v[r] >> 16;
-#pragma unroll
-                for (int q = 0; q < (CH == 1 ? 3 : 1); ++q) {  // gray fills all three planes
-                  const int plane = CH == 1 ? q : c;
-                  o0[row + cols[r] + plane * pp] = tb[256 * plane + b];
-                }
-              }
+            for (int r = 0; r < 2; ++r) {
+              m[8 * r] = (u8)v[r];
+              m[op + 8 * r] = (u8)(v[r] >> 16);
             }
           });
     }
@@ -986,6 +951,30 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
     passes(Int<1>());
   } else {
     passes(Int<MMA_KS>());
+  }
+  __syncthreads();  // the tile's bytes are in place
+  // through the normalise table into the patches, as an unresized tile (the rows and
+  // columns past the resized image came out 0: the padding)
+  T* o0 = out + (d[ROW] + (i64)gy0 * gw + gx0) * 3 * p * p;  // patch offsets are 32-bit
+  const int pp = p * p;
+  constexpr int U = UNIT_BYTES / sizeof(T);
+  for (Units<U> k(p, tw / p); k.ky < th / p; k.next(tw / p)) {
+    T r[3][U];
+#pragma unroll
+    for (int run = 0; run < U / 2; ++run) {
+      int ry, cx;
+      k.run_at(run, p, ry, cx);
+      const u8* b = ob + ry * op + cx;
+#pragma unroll
+      for (int c = 0; c < 3; ++c) {  // gray fills all three planes
+        const unsigned pair = *(const unsigned short*)(b + (CH == 1 ? 0 : c * out_plane));
+        r[c][2 * run] = tb[256 * c + (pair & 255u)];
+        r[c][2 * run + 1] = tb[256 * c + (pair >> 8)];
+      }
+    }
+    T* o = o0 + k.offset(p, gw);
+#pragma unroll
+    for (int c = 0; c < 3; ++c) store_run<U>(o + c * pp, r[c]);
   }
 }
 
