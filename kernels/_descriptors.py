@@ -79,8 +79,8 @@ axes with an even patch (the passes on the int8 tensor cores)."""
 MMA_TILE_PIXELS = (128, 128)
 """About how many canvas rows and columns one MMA tile covers (as ``TILE_PIXELS``)."""
 MMA_SMEM_BYTES = 80 * 1024
-"""The most shared memory one MMA tile's window planes and intermediate may take (more
-than 48 KiB makes the launcher opt in)."""
+"""The most shared memory one MMA tile's window planes (or output planes, which reuse them)
+and intermediate may take (more than 48 KiB makes the launcher opt in)."""
 _MMA_STEPS = 2
 """``MMA_KS`` in ``pixels.cu``: the most 32-input steps one block of 16 outputs may read
 (downscales to about 0.35 of a side); an image needing more takes the general kernel."""
@@ -145,7 +145,8 @@ class Layout:
     """Dynamic shared memory of the general kernel's launches: the largest TILED window +
     intermediate (an upper bound; plain launches ask for none)."""
     mma_smem_bytes: int = 0
-    """Dynamic shared memory of the MMA launches: their largest window and intermediate."""
+    """Dynamic shared memory of the MMA launches: their largest window (or output) planes
+    and intermediate."""
 
     @property
     def tiles(self) -> int:

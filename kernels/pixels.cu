@@ -805,7 +805,8 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
   const int gw = (int)d[GRID_W];
   const int trow = tile / tiles_w;
   const int gy0 = trow * tph, gx0 = (tile - trow * tiles_w) * tpw;
-  const int th = min(tph, (int)d[GRID_H] - gy0) * p, tw = min(tpw, gw - gx0) * p;
+  const int nph = min(tph, (int)d[GRID_H] - gy0), npw = min(tpw, gw - gx0);  // its patches
+  const int th = nph * p, tw = npw * p;
   const int y0 = gy0 * p, x0 = gx0 * p;
   const int my = (th + 15) >> 4, mx = (tw + 15) >> 4;  // M-blocks down and across
   const Axis ax = {(int)d[X_XMIN], (int)d[X_N], (int)d[X_K], (int)d[X_KSIZE], (int)d[OUT_W]};
@@ -958,7 +959,7 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
   T* o0 = out + (d[ROW] + (i64)gy0 * gw + gx0) * 3 * p * p;  // patch offsets are 32-bit
   const int pp = p * p;
   constexpr int U = UNIT_BYTES / sizeof(T);
-  for (Units<U> k(p, tw / p); k.ky < th / p; k.next(tw / p)) {
+  for (Units<U> k(p, npw); k.ky < nph; k.next(npw)) {
     T r[3][U];
 #pragma unroll
     for (int run = 0; run < U / 2; ++run) {
