@@ -64,3 +64,12 @@ def test_gpu_commands_refuse_cleanly_without_cuda(tmp_path: Path) -> None:
     for command in ("kernels", "gpu-transport", "h2d"):
         with pytest.raises(SystemExit, match="needs a CUDA device"):
             main(["--out", str(tmp_path / "r"), command])
+
+
+def test_kernel_time_counts_overlapping_launches_once() -> None:
+    from mmwire.bench._kernels import _covered
+
+    assert _covered([]) == 0
+    assert _covered([(0, 10), (20, 25)]) == 15  # the gap between launches is not kernel time
+    assert _covered([(0, 10), (5, 12), (2, 3), (30, 31)]) == 13  # side by side: once
+    assert _covered([(5, 12), (0, 10)]) == 12
