@@ -66,6 +66,8 @@ FIELDS: tuple[str, ...] = (
     "TILED",
     "TILE_PH",
     "TILE_PW",
+    "X_WORDS",
+    "Y_WORDS",
 )
 _F = {name: i for i, name in enumerate(FIELDS)}
 _NONE, _HORIZONTAL, _VERTICAL = 0, 1, 2
@@ -292,6 +294,27 @@ def _mma_measure(job: ImageJob, patch: int, v_first: bool) -> Measure:
     return measure
 
 
+@lru_cache(maxsize=256)
+def _weight_words(in_size: int, out_size: int) -> np.ndarray[Any, np.dtype[np.int32]]:
+    """An axis's Q22 weights as the MMA passes' A words (cached, as the coefficients):
+    ``(outputs, 3, m)``, word ``w`` of byte plane ``q`` of output ``o`` holds byte ``q`` of
+    the weights of inputs ``(xmin[o] & ~3) + 4 w + 0..3`` (0 outside the taps),
+    ``m = (ksize + 6) // 4``. A fragment word is then one load instead of four loads,
+    checks and splits."""
+    c = bicubic_coefficients(in_size, out_size)
+    outputs, ksize = c.k.shape
+    m = (ksize + 6) // 4
+    taps = np.arange(ksize)
+    w = np.where(taps[None, :] < c.n[:, None], c.k, 0).astype(np.int64) & 0xFFFFFF
+    row = np.zeros((outputs, 4 * m), np.int64)
+    row[np.arange(outputs)[:, None], (c.xmin & 3)[:, None] + taps[None, :]] = w
+    planes = (row[:, None, :] >> (8 * np.arange(3))[None, :, None]) & 255  # (o, 3, 4 m)
+    words = (planes.reshape(outputs, 3, m, 4) << (8 * np.arange(4))).sum(axis=3)
+    out: np.ndarray[Any, np.dtype[np.int32]] = words.astype(np.uint32).view(np.int32)
+    out.setflags(write=False)
+    return out
+
+
 def _bg_fields(bg: Background | None) -> tuple[int, int, int, int, int]:
     if bg is None:
         return 0, 1, 1, 0, 0
@@ -327,6 +350,7 @@ def layout_of(
     desc = np.zeros((len(jobs), len(FIELDS)), np.int64)
     chunks: list[np.ndarray[Any, np.dtype[np.int32]]] = []
     table_at: dict[tuple[int, int], tuple[int, int, int, int]] = {}
+    words_at: dict[tuple[int, int], int] = {}
     used = 0
     tiles_of: list[int] = []
 
@@ -339,6 +363,16 @@ def layout_of(
             chunks.extend((c.xmin, c.n, c.k.reshape(-1)))
             used += 2 * c.n.size + c.k.size
         return table_at[key]
+
+    def words(in_size: int, out_size: int) -> int:
+        nonlocal used
+        key = (in_size, out_size)
+        if key not in words_at:
+            w = _weight_words(in_size, out_size)
+            words_at[key] = used
+            chunks.append(w.reshape(-1))
+            used += w.size
+        return words_at[key]
 
     src = mid = mid_rows = mid_width = patches = out = out_rows = out_width = 0
     smem = mma_need = 0
@@ -418,6 +452,8 @@ def layout_of(
             "TILED": int(fit is not None),
             "TILE_PH": tile_h,
             "TILE_PW": tile_w,
+            "X_WORDS": words(job.in_w, job.out_w) if kind == "mma" else 0,
+            "Y_WORDS": words(job.in_h, job.out_h) if kind == "mma" else 0,
         }
         for name, value in values.items():
             row[_F[name]] = value

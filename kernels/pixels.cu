@@ -70,7 +70,9 @@ enum Field {
   TILED = 35,         // 1: the tile's source window (and intermediate) in shared memory
   TILE_PH = 36,       // patches per tile, down and across (fused launch)
   TILE_PW = 37,
-  NF = 38
+  X_WORDS = 38,       // MMA tiles: int32 offset of the horizontal weights as A words
+  Y_WORDS = 39,       // (outputs, 3 byte planes, (ksize + 6) / 4 words); the same, vertical
+  NF = 40
 };
 
 typedef long long i64;
@@ -551,6 +553,7 @@ __device__ __forceinline__ void plain_units(const u8* __restrict__ s0, i64 row, 
 // inputs x 8 lines) on the int8 tensor cores, exactly: each weight is split into bytes,
 // w = b2 * 2^16 + b1 * 2^8 + b0 (b0, b1 unsigned, b2 signed since |w| < 2^23), and the three
 // products' int32 sums add up to Pillow's accumulator (wrapping adds; the total is in range).
+// The host splits them, as 4 inputs' bytes a word (X_WORDS, Y_WORDS; _weight_words).
 // A tile's source window sits in shared memory as one plane a channel (rows of input
 // columns; columns of input rows when Pillow resizes vertically first); the first pass
 // writes the intermediate with the other axis contiguous, so both passes read 4
@@ -561,22 +564,27 @@ __device__ __forceinline__ void plain_units(const u8* __restrict__ s0, i64 row, 
 #define MMA_MAX_BLOCKS 16  // the most M-blocks along a tile's side (host: _MMA_MAX_BLOCKS)
 
 #ifndef MMWIRE_HOST_SHIM
-// d += A (16 x 32, row) * B (32 x 8, col); A signed or unsigned bytes, B unsigned bytes.
-template <bool A_SIGNED>
+// d = A (16 x 32, row) * B (32 x 8, col) (+ d unless FIRST); A signed or unsigned bytes,
+// B unsigned bytes. FIRST takes 0 for the addend, so nothing has to zero d first.
+template <bool A_SIGNED, bool FIRST>
 __device__ __forceinline__ void mma_k32(int (&d)[4], const unsigned (&a)[4], unsigned b0,
                                         unsigned b1) {
 #if __CUDA_ARCH__ >= 800
-  if constexpr (A_SIGNED) {
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};"
-        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#define MMWIRE_MMA(TYPES, C)                                                                 \
+  asm("mma.sync.aligned.m16n8k32.row.col.s32." TYPES ".u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, " \
+      "{%8,%9}, " C ";"                                                                      \
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])                                       \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0))
+  if constexpr (A_SIGNED && FIRST) {
+    MMWIRE_MMA("s8", "{%10,%10,%10,%10}");
+  } else if constexpr (A_SIGNED) {
+    MMWIRE_MMA("s8", "{%0,%1,%2,%3}");
+  } else if constexpr (FIRST) {
+    MMWIRE_MMA("u8", "{%10,%10,%10,%10}");
   } else {
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};"
-        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    MMWIRE_MMA("u8", "{%0,%1,%2,%3}");
   }
+#undef MMWIRE_MMA
 #else
   __trap();  // the host plans MMA tiles only for devices of compute capability 8.0 or more
 #endif
@@ -584,9 +592,10 @@ __device__ __forceinline__ void mma_k32(int (&d)[4], const unsigned (&a)[4], uns
 #define MMWIRE_SMEM_CHECK(bytes)
 #endif
 
-// One axis of a resize: offsets of its coefficient tables in tab, and its output size.
+// One axis of a resize: offsets of its coefficient tables in tab, its output size, and its
+// weights as A words (MMA tiles: words w0, per output and byte plane, of m words each).
 struct Axis {
-  int xmin, n, k, ksize, size;
+  int xmin, n, size, words, m;
 };
 
 // The inputs one M-block (outputs o0 .. o0 + 15, clipped to the axis) reads: from its first
@@ -611,8 +620,9 @@ __device__ __forceinline__ int last_tap(const int* __restrict__ tab, const Axis&
 // (the first `steps` of each block; ks <= MMA_KS the most of any), filled by the block's
 // threads together: lane L's four words are at frags + ((j * ks + s) * 3 + q) * 128 + 4 L,
 // for one 16-byte load. Word `reg` of lane (g, t) holds outputs o + g (reg 0, 2) or
-// o + g + 8 (reg 1, 3), inputs at + 32 s + 4 t + 0..3 (reg 0, 1) or 16 more (reg 2, 3).
-// Outputs past the axis (canvas padding) get no weights, so they come out 0.
+// o + g + 8 (reg 1, 3), inputs at + 32 s + 4 t + 0..3 (reg 0, 1) or 16 more (reg 2, 3): one
+// word of the host's split weights, as `at` and the outputs' first inputs aligned down are
+// multiples of 4. Outputs past the axis (canvas padding) get no weights, so they come out 0.
 __device__ __forceinline__ void fill_frags(const int* __restrict__ tab, const Axis& ax,
                                            const Span* spans, int o_first, int blocks, int ks,
                                            unsigned* frags, int tid, int nt) {
@@ -622,19 +632,17 @@ __device__ __forceinline__ void fill_frags(const int* __restrict__ tab, const Ax
     const Span span = spans[j];
     if (s >= span.steps) continue;
     const int o = o_first + 16 * j + (lane >> 2) + 8 * (reg & 1);
-    const bool live = o < ax.size;
-    const int n = live ? tab[ax.n + o] : 0;
-    const int i0 = span.at + 32 * s + 16 * (reg >> 1) + 4 * (lane & 3) -
-                   (live ? tab[ax.xmin + o] : 0);  // the tap of the word's first input
-    const int* k = tab + ax.k + (i64)(live ? o : 0) * ax.ksize;
     unsigned b0 = 0, b1 = 0, b2 = 0;
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int i = i0 + e;
-      const unsigned w = (0 <= i && i < n) ? (unsigned)k[i] : 0u;
-      b0 |= (w & 255u) << (8 * e);
-      b1 |= ((w >> 8) & 255u) << (8 * e);
-      b2 |= ((w >> 16) & 255u) << (8 * e);
+    if (o < ax.size) {
+      // the word of the output's weights that holds its first input (a multiple of 4)
+      const int w = (span.at + 32 * s + 16 * (reg >> 1) + 4 * (lane & 3) -
+                     (tab[ax.xmin + o] & ~3)) >> 2;
+      if (0 <= w && w < ax.m) {
+        const int* k = tab + ax.words + 3 * ax.m * o + w;
+        b0 = (unsigned)k[0];
+        b1 = (unsigned)k[ax.m];
+        b2 = (unsigned)k[2 * ax.m];
+      }
     }
     unsigned* f = frags + js * 3 * 128 + 4 * lane + reg;
     f[0] = b0;
@@ -647,24 +655,29 @@ struct __align__(16) Words4 {
   unsigned w[4];
 };
 
-// acc += the three byte planes' products of one N-block (its lane's k words at l).
+// acc = the three byte planes' products of one N-block (its lane's k words at l).
 template <int KS>
 __device__ __forceinline__ void products(const unsigned (&a)[3][KS][4], const u8* l, int steps,
                                          int (&acc)[3][4]) {
+  const unsigned b0 = *(const unsigned*)l, b1 = *(const unsigned*)(l + 16);
+  mma_k32<false, true>(acc[0], a[0][0], b0, b1);
+  mma_k32<false, true>(acc[1], a[1][0], b0, b1);
+  mma_k32<true, true>(acc[2], a[2][0], b0, b1);
 #pragma unroll
-  for (int s = 0; s < KS; ++s) {
-    if (s == 0 || s < steps) {  // steps >= 1; the same for the whole warp
+  for (int s = 1; s < KS; ++s) {
+    if (s < steps) {  // the same for the whole warp
       const unsigned b0 = *(const unsigned*)(l + 32 * s);
       const unsigned b1 = *(const unsigned*)(l + 32 * s + 16);
-      mma_k32<false>(acc[0], a[0][s], b0, b1);
-      mma_k32<false>(acc[1], a[1][s], b0, b1);
-      mma_k32<true>(acc[2], a[2][s], b0, b1);
+      mma_k32<false, false>(acc[0], a[0][s], b0, b1);
+      mma_k32<false, false>(acc[1], a[1][s], b0, b1);
+      mma_k32<true, false>(acc[2], a[2][s], b0, b1);
     }
   }
 }
 
-// The planes' sums as Pillow's accumulator, >> 22 (within -640 .. 639) and clamped to a
-// byte, two at a time as 16-bit halves: v[r] holds outputs 2 r (low) and 2 r + 1 (high).
+// The planes' sums and Pillow's rounding 2^21 as Pillow's accumulator, >> 22 (within
+// -640 .. 639) and clamped to a byte, two at a time as 16-bit halves: v[r] holds outputs
+// 2 r (low) and 2 r + 1 (high).
 __device__ __forceinline__ void clamp_q22(const int (&acc)[3][4], unsigned (&v)[2]) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -673,7 +686,7 @@ __device__ __forceinline__ void clamp_q22(const int (&acc)[3][4], unsigned (&v)[
     for (int e = 0; e < 2; ++e) {
       const int x = 2 * r + e;
       q[e] = (int)((unsigned)acc[0][x] + ((unsigned)acc[1][x] << 8) +
-                   ((unsigned)acc[2][x] << 16)) >> 22;
+                   ((unsigned)acc[2][x] << 16) + (1u << 21)) >> 22;
     }
     v[r] = __vmins2(__vmaxs2(__byte_perm(q[0], q[1], 0x5410), 0u), 0x00ff00ffu);
   }
@@ -692,12 +705,14 @@ __device__ __forceinline__ void mma_pass(const Span* spans, const unsigned* frag
                                          int blocks, int lbs, Begin begin, Line line,
                                          Done done) {
   const int tid = threadIdx.y * blockDim.x + threadIdx.x;
-  const int lane = tid & 31, warp = tid >> 5, warps = (blockDim.x * blockDim.y) >> 5;
-  const int per_block = CH * lbs, tasks = blocks * per_block;
-  const int first = warp * tasks / warps, last = (warp + 1) * tasks / warps;
-  int j = first / per_block, lb = first - j * per_block, c = 0;
+  const int lane = tid & 31;
+  // unsigned divisions, once a pass (signed ones cost twice the instructions)
+  const unsigned warp = tid >> 5, warps = (blockDim.x * blockDim.y) >> 5;
+  const unsigned per_block = CH * lbs, tasks = blocks * per_block;
+  const int first = (int)(warp * tasks / warps), last = (int)((warp + 1) * tasks / warps);
+  int j = (int)((unsigned)first / per_block), lb = first - j * (int)per_block, c = 0;
   if (CH > 1) {
-    c = lb / lbs;
+    c = (int)((unsigned)lb / (unsigned)lbs);
     lb -= c * lbs;
   }
   unsigned a[3][KS][4];
@@ -725,8 +740,7 @@ __device__ __forceinline__ void mma_pass(const Span* spans, const unsigned* frag
     // for the whole warp; else the second repeats the first and is dropped): their loads
     // and products interleave
     const bool two = lb + 1 < lbs && task + 1 < last;
-    int acc[3][4] = {{1 << 21, 1 << 21, 1 << 21, 1 << 21}, {0, 0, 0, 0}, {0, 0, 0, 0}};
-    int acc2[3][4] = {{1 << 21, 1 << 21, 1 << 21, 1 << 21}, {0, 0, 0, 0}, {0, 0, 0, 0}};
+    int acc[3][4], acc2[3][4];
     products(a, line(c, lb, lane >> 2) + kb + at, steps, acc);
     products(a, line(c, two ? lb + 1 : lb, lane >> 2) + kb + at, steps, acc2);
     unsigned v[2];
@@ -809,8 +823,10 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
   const int th = nph * p, tw = npw * p;
   const int y0 = gy0 * p, x0 = gx0 * p;
   const int my = (th + 15) >> 4, mx = (tw + 15) >> 4;  // M-blocks down and across
-  const Axis ax = {(int)d[X_XMIN], (int)d[X_N], (int)d[X_K], (int)d[X_KSIZE], (int)d[OUT_W]};
-  const Axis ay = {(int)d[Y_XMIN], (int)d[Y_N], (int)d[Y_K], (int)d[Y_KSIZE], (int)d[OUT_H]};
+  const Axis ax = {(int)d[X_XMIN], (int)d[X_N], (int)d[OUT_W], (int)d[X_WORDS],
+                   ((int)d[X_KSIZE] + 6) >> 2};
+  const Axis ay = {(int)d[Y_XMIN], (int)d[Y_N], (int)d[OUT_H], (int)d[Y_WORDS],
+                   ((int)d[Y_KSIZE] + 6) >> 2};
   __shared__ Span spans[2][MMA_MAX_BLOCKS];  // the M-blocks' spans, across and down
   for (int j = tid; j < mx + my; j += nt) {
     if (j < mx) {

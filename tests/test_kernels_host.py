@@ -182,6 +182,26 @@ def test_layout_groups_tiles_by_channels_for_one_launch_each() -> None:
     assert layout_of((rgb,), (13, 0), 14, 0).tile_groups == ((3, "general", 0, 8),)
 
 
+@pytest.mark.parametrize(("in_size", "out_size"), [(4000, 2073), (1536, 1349), (30, 56), (7, 1)])
+def test_weight_words_hold_the_q22_weights_by_bytes(in_size: int, out_size: int) -> None:
+    # the MMA passes' A words: byte q of input i's weight at word (i - (xmin & ~3)) // 4
+    from mmwire.kernels._descriptors import _weight_words
+
+    c = bicubic_coefficients(in_size, out_size)
+    words = _weight_words(in_size, out_size)
+    raw = words.view(np.uint32).astype(np.int64)
+    planes = (raw[..., None] >> (8 * np.arange(4))) & 255  # (o, 3, m, 4) bytes
+    rows = planes.reshape(out_size, 3, -1)  # (o, 3, 4 m): inputs from xmin & ~3
+    b2 = np.where(rows[:, 2] >= 128, rows[:, 2] - 256, rows[:, 2])  # the signed plane
+    weights = rows[:, 0] + (rows[:, 1] << 8) + (b2 << 16)
+    for o in range(out_size):
+        at = c.xmin[o] & 3
+        assert weights[o, at : at + c.n[o]].tolist() == c.k[o, : c.n[o]].tolist()
+        rest = np.delete(weights[o], np.arange(at, at + c.n[o]))
+        assert not rest.any()  # nothing outside the taps
+    assert words.shape == (out_size, 3, (c.k.shape[1] + 6) // 4)
+
+
 def test_layout_rejects_impossible_jobs() -> None:
     with pytest.raises(ValueError, match="ch 1, 3 or 4"):
         layout_of((ImageJob(in_w=4, in_h=4, ch=2, out_w=2, out_h=2),))
