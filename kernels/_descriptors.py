@@ -80,9 +80,11 @@ for unresized TILED images (no resize code); ``mma`` for RGB or gray images resi
 axes with an even patch (the passes on the int8 tensor cores)."""
 MMA_TILE_PIXELS = (128, 128)
 """About how many canvas rows and columns one MMA tile covers (as ``TILE_PIXELS``)."""
-MMA_SMEM_BYTES = 80 * 1024
+MMA_SMEM_BYTES = 71 * 1024
 """The most shared memory one MMA tile's window planes (or output planes, which reuse them)
-and intermediate may take (more than 48 KiB makes the launcher opt in)."""
+and intermediate may take (more than 48 KiB makes the launcher opt in): three blocks a
+multiprocessor of 228 KiB (H100, H200) with the blocks' own 1 + 3.5 KiB. Larger tiles at two
+blocks measured slower on the H200 (bench/results/20261201-mma-weights)."""
 _MMA_STEPS = 2
 """``MMA_KS`` in ``pixels.cu``: the most 32-input steps one block of 16 outputs may read
 (downscales to about 0.35 of a side); an image needing more takes the general kernel."""
@@ -218,20 +220,38 @@ def _tile_for(
     budget: int,
     measure: Measure,
     pixels: tuple[int, int] = TILE_PIXELS,
+    between: bool = False,
 ) -> tuple[int, int, int] | None:
     """The tile (patches down, across) whose shared memory fits: of the largest area that
     fits, the shape with the least work per pixel (an image resized rows first gets taller
-    tiles, so its first pass makes fewer halo rows); and its bytes."""
+    tiles, so its first pass makes fewer halo rows); and its bytes. Areas are powers of two;
+    ``between`` then grows the tile a patch row or column at a time while it fits (3 x 4
+    where 4 x 4 does not), a few more shapes to measure."""
     th, tw = max(1, pixels[0] // patch), max(1, pixels[1] // patch)
-    for shapes in _tile_shapes(th * tw):
-        fits = []  # (work per pixel, not the configured shape, shape, bytes)
+
+    def best(shapes: list[tuple[int, int]]) -> tuple[int, int, int] | None:
+        fits = []  # (larger area first, work per pixel, not the configured shape, ...)
         for tile in shapes:
             m = measure(tile)
             if m is not None and m[0] <= budget:
-                fits.append((m[1], tile != (th, tw), tile, m[0]))
-        if fits:
-            _, _, tile, need = min(fits, key=lambda f: f[:2])  # the first of equals
-            return (*tile, need)
+                fits.append((-tile[0] * tile[1], m[1], tile != (th, tw), tile, m[0]))
+        if not fits:
+            return None
+        *_, tile, need = min(fits, key=lambda f: f[:3])  # the first of equals
+        return (*tile, need)
+
+    for shapes in _tile_shapes(th * tw):
+        fit = best(shapes)
+        while fit is not None and between:
+            a, b = fit[0], fit[1]
+            grown = [(a + 1, b), (a, b + 1)]
+            ok = [(x, y) for x, y in grown if max(x, y) <= 2 * min(x, y) and x * y <= th * tw]
+            bigger = best(ok)
+            if bigger is None:
+                break
+            fit = bigger
+        if fit is not None:
+            return fit
     return None
 
 
@@ -279,11 +299,10 @@ def _mma_measure(job: ImageJob, patch: int, v_first: bool) -> Measure:
         # a line and outputs; the second pass's lines are the first's outputs in the tile
         lines = -(-(uc if v_first else ur) // 8) * 8
         inputs, m1 = (ur, my) if v_first else (uc, mx)
-        frags = max(mx, my) * ks * 3 * 512  # one pass's weight fragments
         # a plane of the window (later the second pass's bytes) and of the intermediate
         planes = max(lines * _mma_pitch(inputs), 16 * my * _mma_pitch(tw))
         planes += 16 * m1 * _mma_pitch(lines)
-        need = job.ch * planes + 2 * 32 * ks + frags  # and the slack after each
+        need = job.ch * planes + 2 * 32 * ks  # and the slack after each
         first, second = (sy, sx) if v_first else (sx, sy)
         products = (
             m1 * (lines // 8) * first
@@ -394,7 +413,7 @@ def layout_of(
         if patch and job.patches:
             if tensor_cores and patch % 2 == 0 and job.ch in (1, 3) and p1 != _NONE:
                 measure = _mma_measure(job, patch, p1 == _VERTICAL)
-                fit = _tile_for(job, patch, mma_smem, measure, MMA_TILE_PIXELS)
+                fit = _tile_for(job, patch, mma_smem, measure, MMA_TILE_PIXELS, True)
                 kind = "mma" if fit is not None else kind
             if fit is None:
                 fit = _tile_for(job, patch, tile_smem, _general_measure(job, (p1, p2), patch))

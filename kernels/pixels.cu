@@ -616,44 +616,34 @@ __device__ __forceinline__ int last_tap(const int* __restrict__ tab, const Axis&
   return tab[ax.xmin + o] + tab[ax.n + o];
 }
 
-// The A fragments of `blocks` M-blocks from o_first, per byte plane q and 32-input step s
-// (the first `steps` of each block; ks <= MMA_KS the most of any), filled by the block's
-// threads together: lane L's four words are at frags + ((j * ks + s) * 3 + q) * 128 + 4 L,
-// for one 16-byte load. Word `reg` of lane (g, t) holds outputs o + g (reg 0, 2) or
-// o + g + 8 (reg 1, 3), inputs at + 32 s + 4 t + 0..3 (reg 0, 1) or 16 more (reg 2, 3): one
-// word of the host's split weights, as `at` and the outputs' first inputs aligned down are
-// multiples of 4. Outputs past the axis (canvas padding) get no weights, so they come out 0.
-__device__ __forceinline__ void fill_frags(const int* __restrict__ tab, const Axis& ax,
-                                           const Span* spans, int o_first, int blocks, int ks,
-                                           unsigned* frags, int tid, int nt) {
-  for (int idx = tid; idx < blocks * ks * 128; idx += nt) {
-    const int reg = idx & 3, lane = (idx >> 2) & 31, js = idx >> 7;
-    const int j = ks == 1 ? js : js >> 1, s = js - j * ks;
-    const Span span = spans[j];
-    if (s >= span.steps) continue;
-    const int o = o_first + 16 * j + (lane >> 2) + 8 * (reg & 1);
-    unsigned b0 = 0, b1 = 0, b2 = 0;
-    if (o < ax.size) {
-      // the word of the output's weights that holds its first input (a multiple of 4)
-      const int w = (span.at + 32 * s + 16 * (reg >> 1) + 4 * (lane & 3) -
-                     (tab[ax.xmin + o] & ~3)) >> 2;
-      if (0 <= w && w < ax.m) {
-        const int* k = tab + ax.words + 3 * ax.m * o + w;
-        b0 = (unsigned)k[0];
-        b1 = (unsigned)k[ax.m];
-        b2 = (unsigned)k[2 * ax.m];
+// Lane (g, t)'s A fragments of the M-block of outputs o0 .. o0 + 15 (its span), per byte
+// plane q and 32-input step s (the first span.steps): word r holds output o0 + g (r = 0, 2)
+// or o0 + g + 8 (r = 1, 3), inputs span.at + 32 s + 4 t + 0..3 (r = 0, 1) or 16 more
+// (r = 2, 3): one word of the host's split weights each, as span.at and the outputs' first
+// inputs aligned down are multiples of 4. Outputs past the axis (canvas padding) get no
+// weights, so they come out 0. Straight from global memory (L1): the block's warps load
+// their own, with no shared copy and no barrier.
+template <int KS>
+__device__ __forceinline__ void load_weights(const int* __restrict__ tab, const Axis& ax, int o0,
+                                             Span span, int lane, unsigned (&a)[3][KS][4]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {  // outputs o0 + g and o0 + g + 8
+    const int o = o0 + (lane >> 2) + 8 * h;
+    const bool live = o < ax.size;
+    const int base = live ? tab[ax.xmin + o] & ~3 : 0;  // the word of the output's input 0
+    const int* k = tab + ax.words + 3 * ax.m * (live ? o : 0);
+#pragma unroll
+    for (int st = 0; st < KS; ++st) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int w = (span.at + 32 * st + 16 * half + 4 * (lane & 3) - base) >> 2;
+        const bool in = live && (st == 0 || st < span.steps) && 0 <= w && w < ax.m;
+#pragma unroll
+        for (int q = 0; q < 3; ++q) a[q][st][2 * half + h] = in ? (unsigned)k[q * ax.m + w] : 0u;
       }
     }
-    unsigned* f = frags + js * 3 * 128 + 4 * lane + reg;
-    f[0] = b0;
-    f[128] = b1;
-    f[256] = b2;
   }
 }
-
-struct __align__(16) Words4 {
-  unsigned w[4];
-};
 
 // acc = the three byte planes' products of one N-block (its lane's k words at l).
 template <int KS>
@@ -692,18 +682,19 @@ __device__ __forceinline__ void clamp_q22(const int (&acc)[3][4], unsigned (&v)[
   }
 }
 
-// One pass of a tile: `blocks` M-blocks of 16 outputs (their spans), times CH channels x
-// `lbs` N-blocks of 8 lines; line(c, lb, g) is line g of N-block lb of channel c (its k = 0
-// at the first block's first input). Each warp takes a contiguous run of the (M-block,
-// channel, N-block) tasks, counted without dividing; at each new M-block j it loads the
-// block's weights (fill_frags) and calls begin(j), then done(c, lb, v) gets each task's
+// One pass of a tile: `blocks` M-blocks of 16 outputs from o_first on axis ax (their spans),
+// times CH channels x `lbs` N-blocks of 8 lines; line(c, lb, g) is line g of N-block lb of
+// channel c (its k = 0 at the first block's first input). Each warp takes a contiguous run
+// of the (M-block, channel, N-block) tasks, counted without dividing; at each new M-block j
+// it loads the block's weights (load_weights) and calls begin(j), then done(c, lb, v) gets
+// each task's
 // four clamped bytes as two pairs of 16-bit halves: v[0] at output 16 j + g, lines 2 t
 // (low half) and 2 t + 1 (high) of the N-block; v[1] at output 16 j + g + 8. KS: the most
 // 32-input steps of the tile's blocks.
 template <int CH, int KS, typename Begin, typename Line, typename Done>
-__device__ __forceinline__ void mma_pass(const Span* spans, const unsigned* frags, int ks,
-                                         int blocks, int lbs, Begin begin, Line line,
-                                         Done done) {
+__device__ __forceinline__ void mma_pass(const int* __restrict__ tab, const Axis& ax,
+                                         int o_first, const Span* spans, int blocks, int lbs,
+                                         Begin begin, Line line, Done done) {
   const int tid = threadIdx.y * blockDim.x + threadIdx.x;
   const int lane = tid & 31;
   // unsigned divisions, once a pass (signed ones cost twice the instructions)
@@ -723,17 +714,7 @@ __device__ __forceinline__ void mma_pass(const Span* spans, const unsigned* frag
       cur = j;
       kb = spans[j].at - spans[0].at;
       steps = spans[j].steps;
-#pragma unroll
-      for (int q = 0; q < 3; ++q) {
-#pragma unroll
-        for (int st = 0; st < KS; ++st) {
-          if (st == 0 || st < steps) {
-            const Words4 w = *(const Words4*)(frags + ((j * ks + st) * 3 + q) * 128 + 4 * lane);
-#pragma unroll
-            for (int r = 0; r < 4; ++r) a[q][st][r] = w.w[r];
-          }
-        }
-      }
+      load_weights<KS>(tab, ax, o_first + 16 * j, spans[j], lane, a);
       begin(j);
     }
     // two N-blocks of the same M-block and channel at once where the run allows (the same
@@ -803,8 +784,8 @@ __device__ __forceinline__ void transpose4(const unsigned (&w)[4], unsigned (&t)
 // One MMA tile (an RGB or gray image resized on both axes): patches (gy0 .. gy0 + nph) x
 // (gx0 .. gx0 + npw) of its canvas, computed whole (the rows and columns past the resized
 // image get no weights, so they are the 0 padding). Blocks are whole warps. Shared memory:
-// the window planes (later the second pass's output planes), the intermediate planes, one
-// pass's weights. The first pass's lines are the window's rows (horizontal first) or
+// the window planes (later the second pass's output planes) and the intermediate planes
+// (the weights come from global memory, load_weights). The first pass's lines are the window's rows (horizontal first) or
 // columns (VFIRST: the window is staged transposed); it writes the intermediate with the
 // other axis contiguous, so the second pass reads its lines the same way. The second pass
 // writes bytes, row-major in both orders; the patches are written from them after a
@@ -859,9 +840,7 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
   u8* win = sm;
   u8* ob = sm;
   u8* mid = win + first + slack;
-  unsigned* frags = (unsigned*)(mid + CH * mid_plane + slack);  // one pass's weights at a time
-  MMWIRE_SMEM_CHECK(first + CH * mid_plane + 2 * slack + max(mx, my) * ks * 3 * 512);
-  fill_frags(tab, a1, s1, VFIRST ? y0 : x0, m1, ks, frags, tid, nt);
+  MMWIRE_SMEM_CHECK(first + CH * mid_plane + 2 * slack);
   {  // the window's rows and columns that the taps use
     const int in_w = (int)d[IN_W], groups = (uc + 3) >> 2;
     const int quads = VFIRST ? (ur + 3) >> 2 : ur;  // row groups of one work item
@@ -913,7 +892,7 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
       }
     }
   }
-  __syncthreads();  // the window, the weights (and the block's normalise table) are in place
+  __syncthreads();  // the window (and the block's normalise table) is in place
   // the passes, compiled for tiles of one and of two 32-input steps (fewer registers for one)
   auto passes = [&](auto most_steps) {
     constexpr int KS = decltype(most_steps)::value;
@@ -921,17 +900,15 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
     // intermediate, a line of the other axis per output
     u8* mrow = mid;  // the lane's first intermediate line of the M-block
     mma_pass<CH, KS>(
-        s1, frags, ks, m1, lines1 >> 3, [&](int j) { mrow = mid + (16 * j + g) * mp + 2 * t; },
+        tab, a1, VFIRST ? y0 : x0, s1, m1, lines1 >> 3,
+        [&](int j) { mrow = mid + (16 * j + g) * mp + 2 * t; },
         [&](int c, int lb, int line) { return win + c * win_plane + (lb * 8 + line) * wp; },
         [&](int c, int lb, const unsigned v[2]) {
           u8* m = mrow + c * mid_plane + lb * 8;
           *(unsigned short*)m = (unsigned short)__byte_perm(v[0], 0, 0x4420);
           *(unsigned short*)(m + 8 * mp) = (unsigned short)__byte_perm(v[1], 0, 0x4420);
         });
-    __syncthreads();  // the intermediate is in place, the window and first weights done with
-    fill_frags(tab, VFIRST ? ax : ay, spans[VFIRST ? 0 : 1], VFIRST ? x0 : y0, VFIRST ? mx : my,
-               ks, frags, tid, nt);
-    __syncthreads();
+    __syncthreads();  // the intermediate is in place, the window done with
     auto line2 = [&](int c, int lb, int line) {
       return mid + c * mid_plane + (lb * 8 + line) * mp;
     };
@@ -940,7 +917,7 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
       // a row are neighbours, stored as a pair
       u8* orow = ob;  // the lane's first output row of the M-block
       mma_pass<CH, KS>(
-          spans[1], frags, ks, my, (tw + 7) >> 3,
+          tab, ay, y0, spans[1], my, (tw + 7) >> 3,
           [&](int i) { orow = ob + (16 * i + g) * op + 2 * t; }, line2,
           [&](int c, int xb, const unsigned v[2]) {
             u8* m = orow + c * out_plane + xb * 8;
@@ -952,7 +929,7 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
       // are in neighbouring rows, stored one by one
       u8* ocol = ob;  // the lane's first output column of the M-block, in its first row
       mma_pass<CH, KS>(
-          spans[0], frags, ks, mx, (th + 7) >> 3,
+          tab, ax, x0, spans[0], mx, (th + 7) >> 3,
           [&](int j) { ocol = ob + 2 * t * op + 16 * j + g; }, line2,
           [&](int c, int yb, const unsigned v[2]) {
             u8* m = ocol + c * out_plane + yb * 8 * op;
@@ -1158,8 +1135,8 @@ __device__ __forceinline__ void fused_tile(const u8* __restrict__ src, const u8*
 // Blocks have at most FUSED_THREADS threads; asking for a number of resident blocks a
 // multiprocessor caps the registers, and the occupancy that buys matters more than the few
 // values the compiler then keeps in local memory (the H200 A/B in bench/results). PLAIN has
-// fewer registers, so more resident blocks hide its loads. MMA tiles of up to 80 KiB fit
-// three blocks a multiprocessor anyway, so they take the registers of three.
+// fewer registers, so more resident blocks hide its loads. MMA tiles of up to 71 KiB fit
+// three blocks a multiprocessor (MMA_SMEM_BYTES), so they take the registers of three.
 #define FUSED_THREADS 256
 #define FUSED_MIN_BLOCKS 5
 #define FUSED_PLAIN_MIN_BLOCKS 8

@@ -202,6 +202,19 @@ def test_weight_words_hold_the_q22_weights_by_bytes(in_size: int, out_size: int)
     assert words.shape == (out_size, 3, (c.k.shape[1] + 6) // 4)
 
 
+def test_mma_tiles_grow_past_a_power_of_two_while_they_fit() -> None:
+    # 4000x3000 shrunk ~1.9x: 4 x 4 patches do not fit the budget, 2 x 4 do, and 3 x 4 too
+    from mmwire.kernels._descriptors import MMA_SMEM_BYTES
+
+    job = ImageJob(4000, 3000, 3, 2073, 1554, grid_w=150, patches=150 * 112)
+    layout = layout_of((job,), (13, 0), 14, tensor_cores=True)
+    row = layout.desc[0]
+    assert (row[FIELDS.index("TILE_PH")], row[FIELDS.index("TILE_PW")]) == (3, 4)
+    assert 0 < layout.mma_smem_bytes <= MMA_SMEM_BYTES
+    big = layout_of((job,), (13, 0), 14, tensor_cores=True, mma_smem=MMA_SMEM_BYTES * 2)
+    assert big.mma_smem_bytes > MMA_SMEM_BYTES and big.tiles < layout.tiles
+
+
 def test_layout_rejects_impossible_jobs() -> None:
     with pytest.raises(ValueError, match="ch 1, 3 or 4"):
         layout_of((ImageJob(in_w=4, in_h=4, ch=2, out_w=2, out_h=2),))
