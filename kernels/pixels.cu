@@ -593,7 +593,7 @@ __device__ __forceinline__ void mma_k32(int (&d)[4], const unsigned (&a)[4], uns
 #endif
 
 // One axis of a resize: offsets of its coefficient tables in tab, its output size, and its
-// weights as A words (MMA tiles: words w0, per output and byte plane, of m words each).
+// weights as A words (MMA tiles: from `words`, m words per output and byte plane).
 struct Axis {
   int xmin, n, size, words, m;
 };
@@ -687,10 +687,9 @@ __device__ __forceinline__ void clamp_q22(const int (&acc)[3][4], unsigned (&v)[
 // channel c (its k = 0 at the first block's first input). Each warp takes a contiguous run
 // of the (M-block, channel, N-block) tasks, counted without dividing; at each new M-block j
 // it loads the block's weights (load_weights) and calls begin(j), then done(c, lb, v) gets
-// each task's
-// four clamped bytes as two pairs of 16-bit halves: v[0] at output 16 j + g, lines 2 t
-// (low half) and 2 t + 1 (high) of the N-block; v[1] at output 16 j + g + 8. KS: the most
-// 32-input steps of the tile's blocks.
+// each task's four clamped bytes as two pairs of 16-bit halves: v[0] at output 16 j + g,
+// lines 2 t (low half) and 2 t + 1 (high) of the N-block; v[1] at output 16 j + g + 8. KS:
+// the most 32-input steps of the tile's blocks.
 template <int CH, int KS, typename Begin, typename Line, typename Done>
 __device__ __forceinline__ void mma_pass(const int* __restrict__ tab, const Axis& ax,
                                          int o_first, const Span* spans, int blocks, int lbs,
@@ -785,9 +784,10 @@ __device__ __forceinline__ void transpose4(const unsigned (&w)[4], unsigned (&t)
 // (gx0 .. gx0 + npw) of its canvas, computed whole (the rows and columns past the resized
 // image get no weights, so they are the 0 padding). Blocks are whole warps. Shared memory:
 // the window planes (later the second pass's output planes) and the intermediate planes
-// (the weights come from global memory, load_weights). The first pass's lines are the window's rows (horizontal first) or
-// columns (VFIRST: the window is staged transposed); it writes the intermediate with the
-// other axis contiguous, so the second pass reads its lines the same way. The second pass
+// (the weights come from global memory: load_weights). The first pass's lines are the
+// window's rows (horizontal first) or columns (VFIRST: the window is staged transposed); it
+// writes the intermediate with the other axis contiguous, so the second pass reads its
+// lines the same way. The second pass
 // writes bytes, row-major in both orders; the patches are written from them after a
 // barrier, as units of 8 bytes (an unresized tile's way), not by the lanes of the products.
 template <int CH, bool VFIRST, typename T>
