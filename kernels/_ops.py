@@ -11,9 +11,8 @@ are torch tensors.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from typing import Any
@@ -23,7 +22,7 @@ import torch
 from mmwire.materialize._pipeline import _table
 from mmwire.transport import PreprocessSpec
 
-from ._descriptors import MMA_SMEM_BYTES, TILE_SMEM_BYTES, ImageJob, Kind, Layout, layout_of
+from ._descriptors import MMA_SMEM_BYTES, TILE_SMEM_BYTES, ImageJob, Layout, layout_of
 from ._launch import CupyLauncher, Dims, Launcher
 
 __all__ = ["pack", "preprocess", "preprocess_packed", "resize", "resize_packed"]
@@ -265,63 +264,25 @@ def preprocess_packed(
     run.pass1(*_row_grid(layout.mid_rows, layout.mid_width), src, mid, desc, tab, len(jobs))
     bits = _BITS[dtype]
     smem = {"general": layout.smem_bytes, "plain": 0, "mma": layout.mma_smem_bytes}
-    # one launch per channel count and kind; they write disjoint patches, so they may run
-    # side by side
-    groups = sorted(layout.tile_groups, key=lambda g: _LAUNCH_RANK[g[1]])
-    with _side_by_side(device, len(groups)) as streams:
-        for stream, (channels, kind, first, count) in zip(streams, groups):
-            with stream:
-                run.fused(
-                    bits,
-                    channels,
-                    kind,
-                    (count, 1),
-                    _MMA_BLOCK if kind == "mma" else _fused_block(p),
-                    smem[kind],  # plain tiles read the source where they use it
-                    src,
-                    mid,
-                    desc,
-                    tab,
-                    table,
-                    tiles,
-                    out.view(_STORAGE[bits]),
-                    p,
-                    first,
-                )
+    for channels, kind, first, count in layout.tile_groups:  # per channel count and kind
+        run.fused(
+            bits,
+            channels,
+            kind,
+            (count, 1),
+            _MMA_BLOCK if kind == "mma" else _fused_block(p),
+            smem[kind],  # plain tiles read the source where they use it
+            src,
+            mid,
+            desc,
+            tab,
+            table,
+            tiles,
+            out.view(_STORAGE[bits]),
+            p,
+            first,
+        )
     return out, grids.clone()  # callers own their grid_thw
-
-
-_LAUNCH_RANK: dict[Kind, int] = {"mma": 0, "general": 1, "plain": 2}
-"""The order of a call's fused launches: the compute-bound kinds first, so the memory-bound
-unresized tiles fill the multiprocessors the others leave free and their last wave."""
-
-
-@contextlib.contextmanager
-def _side_by_side(
-    device: torch.device, n: int
-) -> Iterator[list[contextlib.AbstractContextManager[Any]]]:
-    """``n`` stream contexts for launches that may overlap: the current stream's, and side
-    streams that wait for the current stream's work so far. On exit the current stream
-    waits for them, so everything after (the caller's work, and the caching allocator's
-    reuse of this call's buffers) is ordered after all the launches."""
-    if device.type != "cuda" or n < 2:
-        yield [contextlib.nullcontext()] * n
-        return
-    current = torch.cuda.current_stream(device)
-    sides = [_side_stream(device, k) for k in range(n - 1)]
-    for side in sides:
-        side.wait_stream(current)
-    try:
-        yield [contextlib.nullcontext(), *(torch.cuda.stream(side) for side in sides)]
-    finally:
-        for side in sides:
-            current.wait_stream(side)
-
-
-@cache
-def _side_stream(device: torch.device, k: int) -> torch.cuda.Stream:
-    """The ``k``-th side stream of ``device`` (made once per process)."""
-    return torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
 
 
 def _fused_block(p: int) -> tuple[int, int]:

@@ -218,51 +218,6 @@ def test_cuda_resize_equals_pillow(
     assert np.array_equal(got.cpu().numpy(), want.reshape(got.shape))
 
 
-def test_cuda_launch_kinds_run_side_by_side_and_join_the_callers_stream(
-    rng: np.random.Generator,
-) -> None:
-    # three kinds, three launches: the MMA one on the caller's stream, the general and the
-    # plain one on side streams. After a first call (which loads the module: that waits for
-    # the device), the side streams are held up (about 0.1 s) and `out` is filled with NaN,
-    # so only the join makes the caller's stream wait for their patches: reading them there,
-    # with no other sync, must see all of them
-    from kernel_cases import SMALL, differing, reference
-    from mmwire.kernels import _ops, pack, preprocess_packed
-    from mmwire.kernels._descriptors import TILE_SMEM_BYTES
-    from mmwire.materialize import ProcessorConfig
-
-    items = [
-        (rng.integers(0, 256, (300, 400, 4), dtype=np.uint8), SMALL),
-        (rng.integers(0, 256, (130, 170, 3), dtype=np.uint8), SMALL),
-        (rng.integers(0, 256, (112, 56, 3), dtype=np.uint8), ProcessorConfig()),
-    ]
-    specs = [cfg.spec_for(im.shape[1], im.shape[0]) for im, cfg in items]
-    want_pv, want_grid = reference(items, torch.bfloat16)
-    stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
-    with torch.cuda.stream(stream):
-        src, shapes = pack([torch.from_numpy(im).cuda() for im, _ in items])
-        first, _ = preprocess_packed(src, shapes, specs, torch.bfloat16)
-        out = torch.full_like(first, float("nan"))
-        torch.cuda.synchronize()
-        for k in range(2):
-            with torch.cuda.stream(_ops._side_stream(src.device, k)):
-                getattr(torch.cuda, "_sleep")(200_000_000)  # noqa: B009
-        pv, grids = preprocess_packed(src, shapes, specs, torch.bfloat16, out=out)
-        got_pv, got_grid = pv.cpu(), grids.cpu()  # each waits for `stream` alone
-    plan = _ops._plan(
-        tuple(shapes),
-        tuple(specs),
-        None,
-        None,
-        TILE_SMEM_BYTES,
-        True,
-        _ops._mma_smem(src.device),
-    )
-    assert [kind for _, kind, _, _ in plan.layout.tile_groups] == ["plain", "mma", "general"]
-    assert torch.equal(got_grid, want_grid)
-    assert differing(got_pv, want_pv) == 0
-
-
 def test_cuda_kernels_take_cupy_arrays_and_run_on_the_current_stream(
     rng: np.random.Generator,
 ) -> None:
