@@ -78,8 +78,7 @@ def _kernel_time(fn: Any, reps: int) -> float:
     """Mean device seconds per call while mmwire's own kernels (fused, resize passes) run,
     timed by CUPTI through ``torch.profiler``: the kernel time the HBM floor is about,
     without the grid copy and the gaps between launches that the call's device time also
-    holds. Launches that overlap (a call's kinds run side by side) count once: the union
-    of their intervals."""
+    holds. Launches that overlap would count once: it is the union of their intervals."""
     from torch.profiler import ProfilerActivity, profile
 
     fn()

@@ -71,5 +71,5 @@ def test_kernel_time_counts_overlapping_launches_once() -> None:
 
     assert _covered([]) == 0
     assert _covered([(0, 10), (20, 25)]) == 15  # the gap between launches is not kernel time
-    assert _covered([(0, 10), (5, 12), (2, 3), (30, 31)]) == 13  # side by side: once
+    assert _covered([(0, 10), (5, 12), (2, 3), (30, 31)]) == 13  # overlapping: once
     assert _covered([(5, 12), (0, 10)]) == 12

@@ -74,9 +74,9 @@ static inline float __fsub_rn(float a, float b) { return a - b; }
 // The warp-level int8 matrix product of the tensor-core passes (mma.sync m16n8k32, s32
 // accumulators): the 32 lanes of a warp (consecutive threads of the block) post their
 // fragments, meet, and each adds its four results (FIRST: takes them, for an addend of 0)
-// from the whole A (16 x 32) and B (32 x 8), read through the PTX fragment layout (lane = 4 g + t; A: a0 (g, 4t..), a1 (g + 8, 4t..),
-// a2 (g, 16 + 4t..), a3 (g + 8, 16 + 4t..); B: b0 (4t.., g), b1 (16 + 4t.., g); D: d0, d1
-// (g, 2t, 2t + 1), d2, d3 (g + 8, ...)).
+// from the whole A (16 x 32) and B (32 x 8), read through the PTX fragment layout (lane =
+// 4 g + t; A: a0 (g, 4t..), a1 (g + 8, 4t..), a2 (g, 16 + 4t..), a3 (g + 8, 16 + 4t..);
+// B: b0 (4t.., g), b1 (16 + 4t.., g); D: d0, d1 (g, 2t, 2t + 1), d2, d3 (g + 8, ...)).
 struct mmwire_warp {
   std::barrier<>* meet;
   unsigned a[32][4];
