@@ -604,16 +604,15 @@ struct Span {
   int at, steps;
 };
 
-__device__ __forceinline__ Span span_of(const int* __restrict__ tab, const Axis& ax, int o0) {
-  const int f = min(o0, ax.size - 1), l = min(o0 + 15, ax.size - 1);
-  const int at = tab[ax.xmin + f] & ~3;
-  return {at, (tab[ax.xmin + l] + tab[ax.n + l] - at + 31) >> 5};
-}
-
 // One past the last input that output o's taps read (o clipped to the axis).
 __device__ __forceinline__ int last_tap(const int* __restrict__ tab, const Axis& ax, int o) {
   o = min(o, ax.size - 1);
   return tab[ax.xmin + o] + tab[ax.n + o];
+}
+
+__device__ __forceinline__ Span span_of(const int* __restrict__ tab, const Axis& ax, int o0) {
+  const int at = tab[ax.xmin + min(o0, ax.size - 1)] & ~3;
+  return {at, (last_tap(tab, ax, o0 + 15) - at + 31) >> 5};
 }
 
 // Lane (g, t)'s A fragments of the M-block of outputs o0 .. o0 + 15 (its span), per byte
@@ -743,6 +742,13 @@ __device__ __forceinline__ void mma_pass(const int* __restrict__ tab, const Axis
   }
 }
 
+// A task's clamped bytes (mma_pass's v) where a lane's two outputs of a line are neighbours:
+// each pair as one 16-bit store, at m and 8 rows of `pitch` below.
+__device__ __forceinline__ void store_pairs(u8* m, int pitch, const unsigned v[2]) {
+  *(unsigned short*)m = (unsigned short)__byte_perm(v[0], 0, 0x4420);
+  *(unsigned short*)(m + 8 * pitch) = (unsigned short)__byte_perm(v[1], 0, 0x4420);
+}
+
 // The smallest row pitch of at least n bytes that is 16 more than a multiple of 32: the 8
 // lines x 4 words a warp reads fall in 32 different banks.
 __device__ __forceinline__ int mma_pitch(int n) { return ((n + 15) & ~31) + 16; }
@@ -787,9 +793,9 @@ __device__ __forceinline__ void transpose4(const unsigned (&w)[4], unsigned (&t)
 // (the weights come from global memory: load_weights). The first pass's lines are the
 // window's rows (horizontal first) or columns (VFIRST: the window is staged transposed); it
 // writes the intermediate with the other axis contiguous, so the second pass reads its
-// lines the same way. The second pass
-// writes bytes, row-major in both orders; the patches are written from them after a
-// barrier, as units of 8 bytes (an unresized tile's way), not by the lanes of the products.
+// lines the same way. The second pass writes bytes, row-major in both orders; the patches
+// are written from them after a barrier, as units of 8 bytes (an unresized tile's way), not
+// by the lanes of the products.
 template <int CH, bool VFIRST, typename T>
 __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* d,
                                          const int* __restrict__ tab, const T* tb,
@@ -904,9 +910,7 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
         [&](int j) { mrow = mid + (16 * j + g) * mp + 2 * t; },
         [&](int c, int lb, int line) { return win + c * win_plane + (lb * 8 + line) * wp; },
         [&](int c, int lb, const unsigned v[2]) {
-          u8* m = mrow + c * mid_plane + lb * 8;
-          *(unsigned short*)m = (unsigned short)__byte_perm(v[0], 0, 0x4420);
-          *(unsigned short*)(m + 8 * mp) = (unsigned short)__byte_perm(v[1], 0, 0x4420);
+          store_pairs(mrow + c * mid_plane + lb * 8, mp, v);
         });
     __syncthreads();  // the intermediate is in place, the window done with
     auto line2 = [&](int c, int lb, int line) {
@@ -920,9 +924,7 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
           tab, ay, y0, spans[1], my, (tw + 7) >> 3,
           [&](int i) { orow = ob + (16 * i + g) * op + 2 * t; }, line2,
           [&](int c, int xb, const unsigned v[2]) {
-            u8* m = orow + c * out_plane + xb * 8;
-            *(unsigned short*)m = (unsigned short)__byte_perm(v[0], 0, 0x4420);
-            *(unsigned short*)(m + 8 * op) = (unsigned short)__byte_perm(v[1], 0, 0x4420);
+            store_pairs(orow + c * out_plane + xb * 8, op, v);
           });
     } else {
       // horizontal: output columns (M) times 8 rows of a channel (N): a lane's two pixels
@@ -1042,7 +1044,8 @@ __device__ __forceinline__ void fused_tile(const u8* __restrict__ src, const u8*
     } else {
       plain_units<CH, UNIT_BYTES / sizeof(T)>(s0, row, d, tb, o0, p, gw, nph, npw, vy1 - y0,
                                               vx1 - x0, y0, x0);
-    }    return;
+    }
+    return;
   }
   if (!tiled) {  // global memory: the source, or resize_pass1's intermediate
     __syncthreads();  // the block's normalise table is in place
@@ -1128,8 +1131,8 @@ __device__ __forceinline__ void fused_tile(const u8* __restrict__ src, const u8*
 // per tile, one launch per channel count and kind (tile_image names each tile's image; this
 // launch's tiles start at first_tile). KIND: GENERAL (any block shape, (p / 2, 256 / (p / 2))
 // on the GPU for an even p, (p, 256 / p) for an odd one), PLAIN (unresized TILED images
-// only: no resize code, no window), MMA (RGB or gray resized on both axes, horizontal pass
-// first, p even: the tensor-core passes; blocks of whole warps, (32, 8) on the GPU).
+// only: no resize code, no window), MMA (RGB or gray resized on both axes, either pass
+// order, p even: the tensor-core passes; blocks of whole warps, (32, 8) on the GPU).
 // Dynamic shared memory: the largest TILED window plus intermediate of the launch (none for
 // PLAIN). T is the output's bit pattern (32 or 16 bits).
 // Blocks have at most FUSED_THREADS threads; asking for a number of resident blocks a
