@@ -434,12 +434,12 @@ struct Units {
   unsigned inv_p;  // e / p as a high product, exact while e * p < 2^32: e < p * p, p <= 256
   __device__ __forceinline__ Units(int p, int npw) {
     const int tid = threadIdx.y * blockDim.x + threadIdx.x, nt = blockDim.x * blockDim.y;
-    units = p * p / U;
-    dk = nt / units;
+    units = p * p / U;  // unsigned divisions: half the instructions of signed ones
+    dk = (int)((unsigned)nt / (unsigned)units);
     du = nt - dk * units;
-    const int k = tid / units;  // the thread's first patch of the tile, and unit in it
+    const int k = (int)((unsigned)tid / (unsigned)units);  // the thread's first patch, unit
     u = tid - k * units;
-    ky = k / npw;
+    ky = (int)((unsigned)k / (unsigned)npw);
     kx = k - ky * npw;
     inv_p = 0xffffffffu / (unsigned)p + 1u;
   }
@@ -562,19 +562,20 @@ __device__ __forceinline__ void plain_units(const u8* __restrict__ s0, i64 row, 
 
 #define MMA_KS 2  // the most 32-input steps of one 16-output block (host: _MMA_STEPS)
 #define MMA_MAX_BLOCKS 16  // the most M-blocks along a tile's side (host: _MMA_MAX_BLOCKS)
+#define MMA_STAGE_GROUPS 2  // groups of 4 pixels a thread loads at once when staging rows
 
 #ifndef MMWIRE_HOST_SHIM
-// d = A (16 x 32, row) * B (32 x 8, col) (+ d unless FIRST); A signed or unsigned bytes,
-// B unsigned bytes. FIRST takes 0 for the addend, so nothing has to zero d first.
+// d = A (16 x 32, row) * B (32 x 8, col) + (FIRST ? init : d); A signed or unsigned
+// bytes, B unsigned bytes. FIRST adds init instead of d, so nothing has to set d first.
 template <bool A_SIGNED, bool FIRST>
 __device__ __forceinline__ void mma_k32(int (&d)[4], const unsigned (&a)[4], unsigned b0,
-                                        unsigned b1) {
+                                        unsigned b1, int init = 0) {
 #if __CUDA_ARCH__ >= 800
 #define MMWIRE_MMA(TYPES, C)                                                                 \
   asm("mma.sync.aligned.m16n8k32.row.col.s32." TYPES ".u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, " \
       "{%8,%9}, " C ";"                                                                      \
       : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])                                       \
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0))
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(init))
   if constexpr (A_SIGNED && FIRST) {
     MMWIRE_MMA("s8", "{%10,%10,%10,%10}");
   } else if constexpr (A_SIGNED) {
@@ -621,37 +622,46 @@ __device__ __forceinline__ Span span_of(const int* __restrict__ tab, const Axis&
 // (r = 2, 3): one word of the host's split weights each, as span.at and the outputs' first
 // inputs aligned down are multiples of 4. Outputs past the axis (canvas padding) get no
 // weights, so they come out 0. Straight from global memory (L1): the block's warps load
-// their own, with no shared copy and no barrier.
+// their own, with no shared copy and no barrier. A plane's words of an output are the
+// lane's first (w0, which may lie before the row: those are 0) plus 0, 4, 8, 12, so each
+// load is a plane's pointer plus a constant and one unsigned compare.
 template <int KS>
 __device__ __forceinline__ void load_weights(const int* __restrict__ tab, const Axis& ax, int o0,
                                              Span span, int lane, unsigned (&a)[3][KS][4]) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {  // outputs o0 + g and o0 + g + 8
-    const int o = o0 + (lane >> 2) + 8 * h;
-    const bool live = o < ax.size;
-    const int base = live ? tab[ax.xmin + o] & ~3 : 0;  // the word of the output's input 0
-    const int* k = tab + ax.words + 3 * ax.m * (live ? o : 0);
+    const int o = min(o0 + (lane >> 2) + 8 * h, ax.size - 1);
+    const bool live = o0 + (lane >> 2) + 8 * h < ax.size;
+    const int w0 = (span.at + 4 * (lane & 3) - (tab[ax.xmin + o] & ~3)) >> 2;
+    const unsigned* k = (const unsigned*)tab + ax.words + 3 * ax.m * o + w0;
 #pragma unroll
     for (int st = 0; st < KS; ++st) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int w = (span.at + 32 * st + 16 * half + 4 * (lane & 3) - base) >> 2;
-        const bool in = live && (st == 0 || st < span.steps) && 0 <= w && w < ax.m;
+        const int c = 8 * st + 4 * half;
+        const bool in = live && (st == 0 || st < span.steps) && (unsigned)(w0 + c) < (unsigned)ax.m;
 #pragma unroll
-        for (int q = 0; q < 3; ++q) a[q][st][2 * half + h] = in ? (unsigned)k[q * ax.m + w] : 0u;
+        for (int q = 0; q < 3; ++q) {
+          a[q][st][2 * half + h] = in ? __ldg(k + q * ax.m + c) : 0u;
+        }
       }
     }
   }
 }
 
-// acc = the three byte planes' products of one N-block (its lane's k words at l).
+// Pillow's rounding 2^21 in the high plane's units (clamp_q22 shifts that plane by 16): the
+// first product of that plane starts from it, so the clamp adds nothing.
+#define MMA_BIAS_HIGH (1 << (21 - 16))
+
+// acc = the three byte planes' products of one N-block (its lane's k words at l), the
+// high plane's with the rounding (MMA_BIAS_HIGH).
 template <int KS>
 __device__ __forceinline__ void products(const unsigned (&a)[3][KS][4], const u8* l, int steps,
                                          int (&acc)[3][4]) {
   const unsigned b0 = *(const unsigned*)l, b1 = *(const unsigned*)(l + 16);
   mma_k32<false, true>(acc[0], a[0][0], b0, b1);
   mma_k32<false, true>(acc[1], a[1][0], b0, b1);
-  mma_k32<true, true>(acc[2], a[2][0], b0, b1);
+  mma_k32<true, true>(acc[2], a[2][0], b0, b1, MMA_BIAS_HIGH);
 #pragma unroll
   for (int s = 1; s < KS; ++s) {
     if (s < steps) {  // the same for the whole warp
@@ -664,7 +674,7 @@ __device__ __forceinline__ void products(const unsigned (&a)[3][KS][4], const u8
   }
 }
 
-// The planes' sums and Pillow's rounding 2^21 as Pillow's accumulator, >> 22 (within
+// The planes' sums (the rounding is in the high plane's) as Pillow's accumulator, >> 22 (within
 // -640 .. 639) and clamped to a byte, two at a time as 16-bit halves: v[r] holds outputs
 // 2 r (low) and 2 r + 1 (high).
 __device__ __forceinline__ void clamp_q22(const int (&acc)[3][4], unsigned (&v)[2]) {
@@ -675,7 +685,7 @@ __device__ __forceinline__ void clamp_q22(const int (&acc)[3][4], unsigned (&v)[
     for (int e = 0; e < 2; ++e) {
       const int x = 2 * r + e;
       q[e] = (int)((unsigned)acc[0][x] + ((unsigned)acc[1][x] << 8) +
-                   ((unsigned)acc[2][x] << 16) + (1u << 21)) >> 22;
+                   ((unsigned)acc[2][x] << 16)) >> 22;
     }
     v[r] = __vmins2(__vmaxs2(__byte_perm(q[0], q[1], 0x5410), 0u), 0x00ff00ffu);
   }
@@ -804,7 +814,7 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
   const int g = (tid & 31) >> 2, t = tid & 3;  // the lane's group and place in it
   const int tiles_w = (int)d[TILES_W], tph = (int)d[TILE_PH], tpw = (int)d[TILE_PW];
   const int gw = (int)d[GRID_W];
-  const int trow = tile / tiles_w;
+  const int trow = (int)((unsigned)tile / (unsigned)tiles_w);
   const int gy0 = trow * tph, gx0 = (tile - trow * tiles_w) * tpw;
   const int nph = min(tph, (int)d[GRID_H] - gy0), npw = min(tpw, gw - gx0);  // its patches
   const int th = nph * p, tw = npw * p;
@@ -882,18 +892,24 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
           }
         }
       }
-    } else {  // two groups of 4 pixels a step, loads first (the second may repeat the first)
-      for (int i = tid; i < total; i += 2 * nt) {
-        const int i2 = min(i + nt, total - 1);
-        const int r = row_of(i), r2 = row_of(i2);
-        const int c = 4 * (i - r * groups), c2 = 4 * (i2 - r2 * groups);
-        unsigned w[CH], w2[CH];
-        load_planes<CH>(s + (i64)r * in_w * CH, c, uc, w);
-        load_planes<CH>(s + (i64)r2 * in_w * CH, c2, uc, w2);
+    } else {  // MMA_STAGE_GROUPS groups of 4 pixels a step, loads first (past the window's
+              // end, a group repeats the last one: the same bytes to the same place)
+      for (int i = tid; i < total; i += MMA_STAGE_GROUPS * nt) {
+        int r[MMA_STAGE_GROUPS], c[MMA_STAGE_GROUPS];
+        unsigned w[MMA_STAGE_GROUPS][CH];
 #pragma unroll
-        for (int ch = 0; ch < CH; ++ch) {
-          *(unsigned*)(win + ch * win_plane + r * wp + c) = w[ch];
-          *(unsigned*)(win + ch * win_plane + r2 * wp + c2) = w2[ch];
+        for (int e = 0; e < MMA_STAGE_GROUPS; ++e) {
+          const int at = min(i + e * nt, total - 1);
+          r[e] = row_of(at);
+          c[e] = 4 * (at - r[e] * groups);
+          load_planes<CH>(s + (i64)r[e] * in_w * CH, c[e], uc, w[e]);
+        }
+#pragma unroll
+        for (int e = 0; e < MMA_STAGE_GROUPS; ++e) {
+#pragma unroll
+          for (int ch = 0; ch < CH; ++ch) {
+            *(unsigned*)(win + ch * win_plane + r[e] * wp + c[e]) = w[e][ch];
+          }
         }
       }
     }

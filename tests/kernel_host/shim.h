@@ -73,7 +73,7 @@ static inline float __fsub_rn(float a, float b) { return a - b; }
 
 // The warp-level int8 matrix product of the tensor-core passes (mma.sync m16n8k32, s32
 // accumulators): the 32 lanes of a warp (consecutive threads of the block) post their
-// fragments, meet, and each adds its four results (FIRST: takes them, for an addend of 0)
+// fragments, meet, and each adds its four results to d (FIRST: to init instead)
 // from the whole A (16 x 32) and B (32 x 8), read through the PTX fragment layout (lane =
 // 4 g + t; A: a0 (g, 4t..), a1 (g + 8, 4t..), a2 (g, 16 + 4t..), a3 (g + 8, 16 + 4t..);
 // B: b0 (4t.., g), b1 (16 + 4t.., g); D: d0, d1 (g, 2t, 2t + 1), d2, d3 (g + 8, ...)).
@@ -85,7 +85,8 @@ struct mmwire_warp {
 static mmwire_warp* mmwire_warps = nullptr;  // the running block's, set by the driver
 
 template <bool A_SIGNED, bool FIRST>
-static inline void mma_k32(int (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+static inline void mma_k32(int (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1,
+                           int init = 0) {
   const unsigned tid = threadIdx.y * blockDim.x + threadIdx.x, lane = tid % 32;
   mmwire_warp& w = mmwire_warps[tid / 32];
   for (int i = 0; i < 4; ++i) w.a[lane][i] = a[i];
@@ -102,7 +103,7 @@ static inline void mma_k32(int (&d)[4], const unsigned (&a)[4], unsigned b0, uns
       const unsigned ab = (aw >> (8 * (k % 4))) & 255, bb = (bw >> (8 * (k % 4))) & 255;
       sum += (A_SIGNED ? (int)(signed char)ab : (int)ab) * (int)bb;
     }
-    d[e] = FIRST ? sum : (int)((unsigned)d[e] + (unsigned)sum);
+    d[e] = (int)((unsigned)(FIRST ? init : d[e]) + (unsigned)sum);
   }
   w.meet->arrive_and_wait();
 }
