@@ -562,7 +562,7 @@ __device__ __forceinline__ void plain_units(const u8* __restrict__ s0, i64 row, 
 
 #define MMA_KS 2  // the most 32-input steps of one 16-output block (host: _MMA_STEPS)
 #define MMA_MAX_BLOCKS 16  // the most M-blocks along a tile's side (host: _MMA_MAX_BLOCKS)
-#define MMA_STAGE_GROUPS 2  // groups of 4 pixels a thread loads at once when staging rows
+#define MMA_STAGE_GROUPS 4  // groups of 4 pixels a thread loads at once when staging rows
 
 #ifndef MMWIRE_HOST_SHIM
 // d = A (16 x 32, row) * B (32 x 8, col) + (FIRST ? init : d); A signed or unsigned
