@@ -590,6 +590,19 @@ __device__ __forceinline__ void mma_k32(int (&d)[4], const unsigned (&a)[4], uns
   __trap();  // the host plans MMA tiles only for devices of compute capability 8.0 or more
 #endif
 }
+
+// lo and hi clamped to 0 .. 255, as bytes 0 and 1 of the result (the upper half 0): one
+// instruction (I2IP) for what a max, a min and two byte moves do.
+__device__ __forceinline__ unsigned sat_pair(int lo, int hi) {
+#if __CUDA_ARCH__ >= 800
+  unsigned d;
+  asm("cvt.pack.sat.u8.s32.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(hi), "r"(lo), "r"(0));
+  return d;
+#else
+  __trap();  // MMA tiles only (compute capability 8.0 or more)
+  return 0;
+#endif
+}
 #define MMWIRE_SMEM_CHECK(bytes)
 #endif
 
@@ -674,9 +687,9 @@ __device__ __forceinline__ void products(const unsigned (&a)[3][KS][4], const u8
   }
 }
 
-// The planes' sums (the rounding is in the high plane's) as Pillow's accumulator, >> 22 (within
-// -640 .. 639) and clamped to a byte, two at a time as 16-bit halves: v[r] holds outputs
-// 2 r (low) and 2 r + 1 (high).
+// The planes' sums (the rounding is in the high plane's) as Pillow's accumulator, >> 22
+// (within -640 .. 639) and clamped to bytes, as two byte pairs (upper halves 0): v[r] holds
+// acc[.][2 r] (byte 0) and acc[.][2 r + 1] (byte 1).
 __device__ __forceinline__ void clamp_q22(const int (&acc)[3][4], unsigned (&v)[2]) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -687,7 +700,7 @@ __device__ __forceinline__ void clamp_q22(const int (&acc)[3][4], unsigned (&v)[
       q[e] = (int)((unsigned)acc[0][x] + ((unsigned)acc[1][x] << 8) +
                    ((unsigned)acc[2][x] << 16)) >> 22;
     }
-    v[r] = __vmins2(__vmaxs2(__byte_perm(q[0], q[1], 0x5410), 0u), 0x00ff00ffu);
+    v[r] = sat_pair(q[0], q[1]);
   }
 }
 
@@ -696,9 +709,9 @@ __device__ __forceinline__ void clamp_q22(const int (&acc)[3][4], unsigned (&v)[
 // channel c (its k = 0 at the first block's first input). Each warp takes a contiguous run
 // of the (M-block, channel, N-block) tasks, counted without dividing; at each new M-block j
 // it loads the block's weights (load_weights) and calls begin(j), then done(c, lb, v) gets
-// each task's four clamped bytes as two pairs of 16-bit halves: v[0] at output 16 j + g,
-// lines 2 t (low half) and 2 t + 1 (high) of the N-block; v[1] at output 16 j + g + 8. KS:
-// the most 32-input steps of the tile's blocks.
+// each task's four clamped bytes as two byte pairs: v[0] at output 16 j + g, lines 2 t
+// (byte 0) and 2 t + 1 (byte 1) of the N-block; v[1] at output 16 j + g + 8. KS: the most
+// 32-input steps of the tile's blocks.
 template <int CH, int KS, typename Begin, typename Line, typename Done>
 __device__ __forceinline__ void mma_pass(const int* __restrict__ tab, const Axis& ax,
                                          int o_first, const Span* spans, int blocks, int lbs,
@@ -755,8 +768,8 @@ __device__ __forceinline__ void mma_pass(const int* __restrict__ tab, const Axis
 // A task's clamped bytes (mma_pass's v) where a lane's two outputs of a line are neighbours:
 // each pair as one 16-bit store, at m and 8 rows of `pitch` below.
 __device__ __forceinline__ void store_pairs(u8* m, int pitch, const unsigned v[2]) {
-  *(unsigned short*)m = (unsigned short)__byte_perm(v[0], 0, 0x4420);
-  *(unsigned short*)(m + 8 * pitch) = (unsigned short)__byte_perm(v[1], 0, 0x4420);
+  *(unsigned short*)m = (unsigned short)v[0];
+  *(unsigned short*)(m + 8 * pitch) = (unsigned short)v[1];
 }
 
 // The smallest row pitch of at least n bytes that is 16 more than a multiple of 32: the 8
@@ -825,19 +838,14 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
   const Axis ay = {(int)d[Y_XMIN], (int)d[Y_N], (int)d[OUT_H], (int)d[Y_WORDS],
                    ((int)d[Y_KSIZE] + 6) >> 2};
   __shared__ Span spans[2][MMA_MAX_BLOCKS];  // the M-blocks' spans, across and down
+  bool two_steps = false;  // a block of this thread's needs MMA_KS = 2 steps
   for (int j = tid; j < mx + my; j += nt) {
-    if (j < mx) {
-      spans[0][j] = span_of(tab, ax, x0 + 16 * j);
-    } else {
-      spans[1][j - mx] = span_of(tab, ay, y0 + 16 * (j - mx));
-    }
+    const Span sp = j < mx ? span_of(tab, ax, x0 + 16 * j) : span_of(tab, ay, y0 + 16 * (j - mx));
+    (j < mx ? spans[0][j] : spans[1][j - mx]) = sp;
+    two_steps |= sp.steps > 1;
   }
-  __syncthreads();
+  const int ks = __syncthreads_or(two_steps) ? MMA_KS : 1;  // the most steps of any block
   const int wx = spans[0][0].at, wy = spans[1][0].at;  // the window's origin
-  int ks = 1;  // the most 32-input steps of any block
-  for (int j = 0; j < mx + my; ++j) {
-    ks = max(ks, j < mx ? spans[0][j].steps : spans[1][j - mx].steps);
-  }
   // the inputs the tile's taps use: only these are staged and passed. A product's last
   // step may read up to 32 ks bytes past them, into the next line or the slack after a
   // region; those inputs only ever meet weight 0
@@ -954,7 +962,7 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
               m[8 * r] = (u8)v[r];
-              m[op + 8 * r] = (u8)(v[r] >> 16);
+              m[op + 8 * r] = (u8)(v[r] >> 8);
             }
           });
     }

@@ -27,6 +27,18 @@ static std::barrier<>* mmwire_block_barrier = nullptr;
 static inline void __syncthreads() {
   if (mmwire_block_barrier != nullptr) mmwire_block_barrier->arrive_and_wait();
 }
+// __syncthreads that also says whether p was true for any thread of the block: votes, a
+// barrier, the result read, a barrier, the vote cleared for the next call, a barrier.
+static std::atomic<int> mmwire_votes{0};
+static inline int __syncthreads_or(int p) {
+  if (p) mmwire_votes = 1;
+  __syncthreads();
+  const int any = mmwire_votes;
+  __syncthreads();
+  if (threadIdx.x == 0 && threadIdx.y == 0) mmwire_votes = 0;
+  __syncthreads();
+  return any;
+}
 
 // Dynamic shared memory: a fixed arena (the launches ask for at most 160 KiB).
 static unsigned mmwire_dynamic_smem[160 * 1024 / sizeof(unsigned)];
@@ -39,17 +51,6 @@ static inline unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned shift)
   shift &= 31;
   return shift == 0 ? lo : (lo >> shift) | (hi << (32 - shift));
 }
-// Per signed 16-bit half, as the CUDA SIMD intrinsics.
-static inline unsigned mmwire_halves(unsigned a, unsigned b, bool take_max) {
-  unsigned r = 0;
-  for (int h = 0; h < 2; ++h) {
-    const short x = (short)(a >> (16 * h)), y = (short)(b >> (16 * h));
-    r |= (unsigned)(unsigned short)(take_max ? std::max(x, y) : std::min(x, y)) << (16 * h);
-  }
-  return r;
-}
-static inline unsigned __vmaxs2(unsigned a, unsigned b) { return mmwire_halves(a, b, true); }
-static inline unsigned __vmins2(unsigned a, unsigned b) { return mmwire_halves(a, b, false); }
 static inline unsigned __umulhi(unsigned a, unsigned b) {
   return (unsigned)(((unsigned long long)a * b) >> 32);
 }
@@ -106,6 +107,11 @@ static inline void mma_k32(int (&d)[4], const unsigned (&a)[4], unsigned b0, uns
     d[e] = (int)((unsigned)(FIRST ? init : d[e]) + (unsigned)sum);
   }
   w.meet->arrive_and_wait();
+}
+
+// lo and hi clamped to bytes, as bytes 0 and 1 (cvt.pack.sat.u8.s32.b32 with c = 0).
+static inline unsigned sat_pair(int lo, int hi) {
+  return (unsigned)min(max(lo, 0), 255) | (unsigned)min(max(hi, 0), 255) << 8;
 }
 
 // The MMA tiles check the shared memory they lay out against what the launch asked for.
