@@ -296,6 +296,14 @@ __device__ __forceinline__ void packed_pass(const unsigned* m, int step,
   for (int c = 0; c < 4; ++c) out[c] = min(max(acc[c] >> 22, 0), 255);
 }
 
+#ifndef MMWIRE_HOST_SHIM
+// Two words as one 8-byte store to global memory (p 8-aligned). Written as a uint2, nvcc
+// split some of these into two 4-byte stores. Nothing in a launch reads what it stores.
+__device__ __forceinline__ void store_pair8(void* p, unsigned x, unsigned y) {
+  asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(x), "r"(y));
+}
+#endif
+
 // V values of T as one store (o aligned to V elements): with V = 2, 8 bytes for fp32 and 4
 // for the 16-bit types; with V = 4 (16-bit types only), 8 bytes. A warp writes fewer, wider
 // stores.
@@ -309,8 +317,8 @@ __device__ __forceinline__ void store_run(T* __restrict__ o, const T (&v)[V]) {
     *(unsigned*)o = (unsigned)v[0] | ((unsigned)v[1] << 16);
   } else {
     static_assert(V == 4 && sizeof(T) == 2, "8-byte stores at most");
-    *(uint2*)o = make_uint2((unsigned)v[0] | ((unsigned)v[1] << 16),
-                            (unsigned)v[2] | ((unsigned)v[3] << 16));
+    store_pair8(o, (unsigned)v[0] | ((unsigned)v[1] << 16),
+                (unsigned)v[2] | ((unsigned)v[3] << 16));
   }
 }
 
@@ -652,7 +660,8 @@ __device__ __forceinline__ void load_weights(const int* __restrict__ tab, const 
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int c = 8 * st + 4 * half;
-        const bool in = live && (st == 0 || st < span.steps) && (unsigned)(w0 + c) < (unsigned)ax.m;
+        const bool in =
+            live && (st == 0 || st < span.steps) && (unsigned)(w0 + c) < (unsigned)ax.m;
 #pragma unroll
         for (int q = 0; q < 3; ++q) {
           a[q][st][2 * half + h] = in ? __ldg(k + q * ax.m + c) : 0u;
@@ -704,18 +713,28 @@ __device__ __forceinline__ void clamp_q22(const int (&acc)[3][4], unsigned (&v)[
   }
 }
 
+// Where a pass finds its lines: line g of channel c's N-block lb (8 lines) starts at
+// base + c * plane + lb * step + g * pitch.
+struct Lines {
+  const u8* base;
+  int plane, step, pitch;
+};
+
 // One pass of a tile: `blocks` M-blocks of 16 outputs from o_first on axis ax (their spans),
-// times CH channels x `lbs` N-blocks of 8 lines; line(c, lb, g) is line g of N-block lb of
-// channel c (its k = 0 at the first block's first input). Each warp takes a contiguous run
-// of the (M-block, channel, N-block) tasks, counted without dividing; at each new M-block j
-// it loads the block's weights (load_weights) and calls begin(j), then done(c, lb, v) gets
-// each task's four clamped bytes as two byte pairs: v[0] at output 16 j + g, lines 2 t
-// (byte 0) and 2 t + 1 (byte 1) of the N-block; v[1] at output 16 j + g + 8. KS: the most
-// 32-input steps of the tile's blocks.
-template <int CH, int KS, typename Begin, typename Line, typename Done>
+// times CH channels x `lbs` N-blocks of 8 lines of `in` (k = 0 at the first block's first
+// input). Each warp takes a contiguous run of the (M-block, channel, N-block) tasks,
+// counted without dividing, with its places in the lines and the output kept as running
+// offsets (a task's output is out_plane a channel and out_step an N-block on). At each new
+// M-block j it loads the block's weights (load_weights) and out_at(j) gives the lane's
+// place for the block's first task; done(m, v) gets each task's place m and four clamped
+// bytes as two byte pairs: v[0] at output 16 j + g, lines 2 t (byte 0) and 2 t + 1 (byte 1)
+// of the N-block; v[1] at output 16 j + g + 8. KS: the most 32-input steps of the tile's
+// blocks.
+template <int CH, int KS, typename OutAt, typename Done>
 __device__ __forceinline__ void mma_pass(const int* __restrict__ tab, const Axis& ax,
                                          int o_first, const Span* spans, int blocks, int lbs,
-                                         Begin begin, Line line, Done done) {
+                                         const Lines& in, int out_plane, int out_step,
+                                         OutAt out_at, Done done) {
   const int tid = threadIdx.y * blockDim.x + threadIdx.x;
   const int lane = tid & 31;
   // unsigned divisions, once a pass (signed ones cost twice the instructions)
@@ -727,39 +746,50 @@ __device__ __forceinline__ void mma_pass(const int* __restrict__ tab, const Axis
     c = (int)((unsigned)lb / (unsigned)lbs);
     lb -= c * lbs;
   }
+  // the task's offsets in the lines and the output, and how they move to the next channel
+  int in_off = c * in.plane + lb * in.step, out_off = c * out_plane + lb * out_step;
+  const int in_wrap = in.plane - lbs * in.step, out_wrap = out_plane - lbs * out_step;
+  const u8* lane_in = in.base + (lane >> 2) * in.pitch + 4 * (lane & 3);  // its line, k words
   unsigned a[3][KS][4];
-  int cur = -1, kb = 0, steps = 0;
-  const int at = 4 * (lane & 3);
+  int cur = -1, steps = 0;
+  const u8* l0 = lane_in;  // lane_in + the block's first input
+  u8* o0 = nullptr;        // out_at(j)
   for (int task = first; task < last;) {
     if (j != cur) {
       cur = j;
-      kb = spans[j].at - spans[0].at;
+      l0 = lane_in + (spans[j].at - spans[0].at);
       steps = spans[j].steps;
       load_weights<KS>(tab, ax, o_first + 16 * j, spans[j], lane, a);
-      begin(j);
+      o0 = out_at(j);
     }
     // two N-blocks of the same M-block and channel at once where the run allows (the same
     // for the whole warp; else the second repeats the first and is dropped): their loads
     // and products interleave
     const bool two = lb + 1 < lbs && task + 1 < last;
     int acc[3][4], acc2[3][4];
-    products(a, line(c, lb, lane >> 2) + kb + at, steps, acc);
-    products(a, line(c, two ? lb + 1 : lb, lane >> 2) + kb + at, steps, acc2);
+    const u8* l = l0 + in_off;
+    products(a, l, steps, acc);
+    products(a, two ? l + in.step : l, steps, acc2);
     unsigned v[2];
     clamp_q22(acc, v);
-    done(c, lb, v);
+    done(o0 + out_off, v);
     if (two) {
       clamp_q22(acc2, v);
-      done(c, lb + 1, v);
+      done(o0 + out_off + out_step, v);
     }
     const int moved = two ? 2 : 1;
     task += moved;
     lb += moved;
+    in_off += two ? 2 * in.step : in.step;
+    out_off += two ? 2 * out_step : out_step;
     if (lb == lbs) {
       lb = 0;
+      in_off += in_wrap;
+      out_off += out_wrap;
       if (++c == CH) {
         c = 0;
         ++j;
+        in_off = out_off = 0;
       }
     }
   }
@@ -779,13 +809,20 @@ __device__ __forceinline__ int mma_pitch(int n) { return ((n + 15) & ~31) + 16; 
 // Four pixels of a source row from column c as one word a channel (byte e = pixel c + e),
 // for cols >= 4 and without a branch: 12 bytes for RGB with word loads; a group past `cols`
 // loads the row's last four pixels instead and shifts its own to the low bytes (the bytes
-// above are 0), so nothing past `cols` is read.
-template <int CH>
+// above are 0), so nothing past `cols` is read. WHOLE: the caller knows the four pixels are
+// in the image's row and start on a word (the group then takes three plain word loads).
+template <int CH, bool WHOLE = false>
 __device__ __forceinline__ void load_planes(const u8* __restrict__ row, int c, int cols,
                                             unsigned (&w)[CH]) {
-  const int at = min(c, cols - 4);
+  const int at = WHOLE ? c : min(c, cols - 4);
   unsigned x[CH == 1 ? 1 : 3];
-  load_words<CH == 1 ? 1 : 3>(row + at * CH, x);
+  if constexpr (WHOLE) {
+    const unsigned* p = (const unsigned*)(row + at * CH);
+#pragma unroll
+    for (int i = 0; i < (CH == 1 ? 1 : 3); ++i) x[i] = __ldg(p + i);
+  } else {
+    load_words<CH == 1 ? 1 : 3>(row + at * CH, x);
+  }
   if constexpr (CH == 1) {
     w[0] = x[0];
   } else {
@@ -793,9 +830,11 @@ __device__ __forceinline__ void load_planes(const u8* __restrict__ row, int c, i
     w[1] = __byte_perm(__byte_perm(x[0], x[1], 0x0741), x[2], 0x6210);
     w[2] = __byte_perm(__byte_perm(x[0], x[1], 0x0052), x[2], 0x7410);
   }
-  const unsigned shift = 8u * (unsigned)(c - at);  // 0 .. 24
+  if constexpr (!WHOLE) {
+    const unsigned shift = 8u * (unsigned)(c - at);  // 0 .. 24
 #pragma unroll
-  for (int ch = 0; ch < CH; ++ch) w[ch] >>= shift;
+    for (int ch = 0; ch < CH; ++ch) w[ch] >>= shift;
+  }
 }
 
 // Four consecutive rows' words of one channel (byte e = column c + e) as four columns'
@@ -902,23 +941,34 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
       }
     } else {  // MMA_STAGE_GROUPS groups of 4 pixels a step, loads first (past the window's
               // end, a group repeats the last one: the same bytes to the same place)
-      for (int i = tid; i < total; i += MMA_STAGE_GROUPS * nt) {
-        int r[MMA_STAGE_GROUPS], c[MMA_STAGE_GROUPS];
-        unsigned w[MMA_STAGE_GROUPS][CH];
+      auto stage = [&](auto whole) {
+        for (int i = tid; i < total; i += MMA_STAGE_GROUPS * nt) {
+          int r[MMA_STAGE_GROUPS], c[MMA_STAGE_GROUPS];
+          unsigned w[MMA_STAGE_GROUPS][CH];
 #pragma unroll
-        for (int e = 0; e < MMA_STAGE_GROUPS; ++e) {
-          const int at = min(i + e * nt, total - 1);
-          r[e] = row_of(at);
-          c[e] = 4 * (at - r[e] * groups);
-          load_planes<CH>(s + (i64)r[e] * in_w * CH, c[e], uc, w[e]);
-        }
+          for (int e = 0; e < MMA_STAGE_GROUPS; ++e) {
+            const int at = min(i + e * nt, total - 1);
+            r[e] = row_of(at);
+            c[e] = 4 * (at - r[e] * groups);
+            load_planes<CH, decltype(whole)::value == 1>(s + (i64)r[e] * in_w * CH, c[e], uc,
+                                                         w[e]);
+          }
 #pragma unroll
-        for (int e = 0; e < MMA_STAGE_GROUPS; ++e) {
+          for (int e = 0; e < MMA_STAGE_GROUPS; ++e) {
 #pragma unroll
-          for (int ch = 0; ch < CH; ++ch) {
-            *(unsigned*)(win + ch * win_plane + r[e] * wp + c[e]) = w[e][ch];
+            for (int ch = 0; ch < CH; ++ch) {
+              *(unsigned*)(win + ch * win_plane + r[e] * wp + c[e]) = w[e][ch];
+            }
           }
         }
+      };
+      // rows that start on a word, and every group inside the image (not only the window):
+      // plain word loads (the usual case away from an image's right edge)
+      if ((((unsigned long long)s | (unsigned)(in_w * CH)) & 3) == 0 &&
+          wx + 4 * groups <= in_w) {
+        stage(Int<1>());
+      } else {
+        stage(Int<0>());
       }
     }
   }
@@ -928,37 +978,26 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
     constexpr int KS = decltype(most_steps)::value;
     // the first pass: its outputs (M) times 8 window lines of a channel (N) into the
     // intermediate, a line of the other axis per output
-    u8* mrow = mid;  // the lane's first intermediate line of the M-block
     mma_pass<CH, KS>(
-        tab, a1, VFIRST ? y0 : x0, s1, m1, lines1 >> 3,
-        [&](int j) { mrow = mid + (16 * j + g) * mp + 2 * t; },
-        [&](int c, int lb, int line) { return win + c * win_plane + (lb * 8 + line) * wp; },
-        [&](int c, int lb, const unsigned v[2]) {
-          store_pairs(mrow + c * mid_plane + lb * 8, mp, v);
-        });
+        tab, a1, VFIRST ? y0 : x0, s1, m1, lines1 >> 3, Lines{win, win_plane, 8 * wp, wp},
+        mid_plane, 8, [&](int j) { return mid + (16 * j + g) * mp + 2 * t; },
+        [&](u8* m, const unsigned v[2]) { store_pairs(m, mp, v); });
     __syncthreads();  // the intermediate is in place, the window done with
-    auto line2 = [&](int c, int lb, int line) {
-      return mid + c * mid_plane + (lb * 8 + line) * mp;
-    };
+    const Lines in2{mid, mid_plane, 8 * mp, mp};
     if constexpr (!VFIRST) {
       // vertical: output rows (M) times 8 columns of a channel (N): a lane's two pixels of
       // a row are neighbours, stored as a pair
-      u8* orow = ob;  // the lane's first output row of the M-block
       mma_pass<CH, KS>(
-          tab, ay, y0, spans[1], my, (tw + 7) >> 3,
-          [&](int i) { orow = ob + (16 * i + g) * op + 2 * t; }, line2,
-          [&](int c, int xb, const unsigned v[2]) {
-            store_pairs(orow + c * out_plane + xb * 8, op, v);
-          });
+          tab, ay, y0, spans[1], my, (tw + 7) >> 3, in2, out_plane, 8,
+          [&](int i) { return ob + (16 * i + g) * op + 2 * t; },
+          [&](u8* m, const unsigned v[2]) { store_pairs(m, op, v); });
     } else {
       // horizontal: output columns (M) times 8 rows of a channel (N): a lane's two pixels
       // are in neighbouring rows, stored one by one
-      u8* ocol = ob;  // the lane's first output column of the M-block, in its first row
       mma_pass<CH, KS>(
-          tab, ax, x0, spans[0], mx, (th + 7) >> 3,
-          [&](int j) { ocol = ob + 2 * t * op + 16 * j + g; }, line2,
-          [&](int c, int yb, const unsigned v[2]) {
-            u8* m = ocol + c * out_plane + yb * 8 * op;
+          tab, ax, x0, spans[0], mx, (th + 7) >> 3, in2, out_plane, 8 * op,
+          [&](int j) { return ob + 2 * t * op + 16 * j + g; },
+          [&](u8* m, const unsigned v[2]) {
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
               m[8 * r] = (u8)v[r];

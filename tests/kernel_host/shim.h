@@ -9,6 +9,7 @@
 #include <atomic>
 #include <barrier>
 #include <cmath>
+#include <cstring>
 
 #define MMWIRE_HOST_SHIM 1
 #define __global__
@@ -61,9 +62,11 @@ static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
   return r;
 }
 
-// The vector type of the 8-byte stores.
-struct uint2 { unsigned x, y; };
-static inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
+// The 8-byte stores of two words.
+static inline void store_pair8(void* p, unsigned x, unsigned y) {
+  const unsigned w[2] = {x, y};
+  std::memcpy(p, w, sizeof w);
+}
 
 using std::max;
 using std::min;
