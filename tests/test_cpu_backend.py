@@ -408,4 +408,6 @@ def test_publish_accepts_tensors_pil_and_encoded_bytes(
         assert torch.equal(b.open_tensor(GlobalIndex(2)), emb)
     with pytest.raises(TypeError, match="cannot publish"):
         p.publish("bad", [Item(data=[1, 2], consumers=(0,), kind="embedding", grid=Grid((1, 1)))])
+    # the consumer's release reaches the producer asynchronously
+    _settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
     assert p.statistics().arena.leases_outstanding == 0
