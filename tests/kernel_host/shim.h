@@ -74,6 +74,7 @@ static inline float __fdiv_rn(float a, float b) { return a / b; }
 static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline float __fsub_rn(float a, float b) { return a - b; }
+static inline float __fdividef(float a, float b) { return a / b; }
 
 // The warp-level int8 matrix product of the tensor-core passes (mma.sync m16n8k32, s32
 // accumulators): the 32 lanes of a warp (consecutive threads of the block) post their
