@@ -869,7 +869,8 @@ __device__ __forceinline__ void transpose4(const unsigned (&w)[4], unsigned (&t)
 // by the lanes of the products.
 template <int CH, bool VFIRST, typename T>
 __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* d,
-                                         const int* __restrict__ tab, const T* tb,
+                                         const int* __restrict__ tab,
+                                         const T* __restrict__ table, T* tb,
                                          T* __restrict__ out, int tile, int p, u8* sm) {
   const int tid = threadIdx.y * blockDim.x + threadIdx.x, nt = blockDim.x * blockDim.y;
   const int g = (tid & 31) >> 2, t = tid & 3;  // the lane's group and place in it
@@ -885,6 +886,12 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
                    ((int)d[X_KSIZE] + 6) >> 2};
   const Axis ay = {(int)d[Y_XMIN], (int)d[Y_N], (int)d[OUT_H], (int)d[Y_WORDS],
                    ((int)d[Y_KSIZE] + 6) >> 2};
+  // the image's normalise table into tb as 8-byte words (in place by the barrier after the
+  // staging): a thread's first two go out before the spans' loads, so the two wait together
+  typedef unsigned long long u64;
+  constexpr int TW = (int)(3 * 256 * sizeof(T) / 8);
+  const u64* words = (const u64*)table;
+  const u64 tw0 = tid < TW ? words[tid] : 0, tw1 = tid + nt < TW ? words[tid + nt] : 0;
   __shared__ Span spans[2][MMA_MAX_BLOCKS];  // the M-blocks' spans, across and down
   bool two_steps = false;  // a block of this thread's needs MMA_KS = 2 steps
   for (int j = tid; j < mx + my; j += nt) {
@@ -892,6 +899,10 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
     (j < mx ? spans[0][j] : spans[1][j - mx]) = sp;
     two_steps |= sp.steps > 1;
   }
+  if (tid < TW) ((u64*)tb)[tid] = tw0;
+  if (tid + nt < TW) ((u64*)tb)[tid + nt] = tw1;
+#pragma unroll 1
+  for (int i = tid + 2 * nt; i < TW; i += nt) ((u64*)tb)[i] = words[i];
   const int ks = __syncthreads_or(two_steps) ? MMA_KS : 1;  // the most steps of any block
   const int wx = spans[0][0].at, wy = spans[1][0].at;  // the window's origin
   // the inputs the tile's taps use: only these are staged and passed. A product's last
@@ -1233,20 +1244,21 @@ __global__ void __launch_bounds__(FUSED_THREADS, KIND == PLAIN ? FUSED_PLAIN_MIN
 #pragma unroll 1
   for (int i = tid; i < NF; i += nt) d[i] = desc[image * NF + i];
   __syncthreads();
-  // the table as 8-byte words (each image's table starts at a multiple of 768 values)
-  typedef unsigned long long u64;
-  const u64* tw = (const u64*)(table + d[TABLE]);
-#pragma unroll 1
-  for (int i = tid; i < (int)(3 * 256 * sizeof(T) / 8); i += nt) ((u64*)tb)[i] = tw[i];
   const int tile = t - (int)d[TILE_START];
-  if constexpr (KIND == MMA) {
+  const T* image_table = table + d[TABLE];  // each image's starts at a multiple of 768 values
+  if constexpr (KIND == MMA) {  // copies the table itself, with its spans
     static_assert(CH != 4, "MMA tiles are RGB or gray");
     if (d[PASS1] == 2) {  // vertical first
-      mma_tile<CH, true, T>(src, d, tab, tb, out, tile, p, (u8*)dynamic_smem());
+      mma_tile<CH, true, T>(src, d, tab, image_table, tb, out, tile, p, (u8*)dynamic_smem());
     } else {
-      mma_tile<CH, false, T>(src, d, tab, tb, out, tile, p, (u8*)dynamic_smem());
+      mma_tile<CH, false, T>(src, d, tab, image_table, tb, out, tile, p, (u8*)dynamic_smem());
     }
   } else {
+    // the table as 8-byte words
+    typedef unsigned long long u64;
+    const u64* tw = (const u64*)image_table;
+#pragma unroll 1
+    for (int i = tid; i < (int)(3 * 256 * sizeof(T) / 8); i += nt) ((u64*)tb)[i] = tw[i];
     fused_tile<CH, KIND == PLAIN, T>(src, mid, d, tab, tb, out, tile, p, dynamic_smem());
   }
 }
