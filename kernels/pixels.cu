@@ -76,6 +76,7 @@ enum Field {
 };
 
 typedef long long i64;
+typedef unsigned long long u64;
 typedef unsigned char u8;
 
 // The last image whose `field` start is <= i (starts are non-decreasing; an image with no
@@ -745,8 +746,8 @@ __device__ __forceinline__ void mma_pass(const int* __restrict__ tab, const Axis
                                          OutAt out_at, Done done) {
   const int tid = threadIdx.y * blockDim.x + threadIdx.x;
   const int lane = tid & 31;
-  // (warp + 1) * tasks < 2^21 (32 warps at most, tasks = blocks * CH * lbs with blocks <=
-  // MMA_MAX_BLOCKS and 8 lbs at most a window's lines, a few hundred): div_small serves
+  // (warp + 1) * tasks stays far below 2^21, so div_small serves: 32 warps at most, and
+  // tasks = blocks * CH * lbs with blocks <= MMA_MAX_BLOCKS and lbs a window's lines / 8
   const int warp = tid >> 5, warps = (blockDim.x * blockDim.y) >> 5;
   const int per_block = CH * lbs, tasks = blocks * per_block;
   const int first = div_small(warp * tasks, warps), last = div_small((warp + 1) * tasks, warps);
@@ -886,9 +887,8 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
                    ((int)d[X_KSIZE] + 6) >> 2};
   const Axis ay = {(int)d[Y_XMIN], (int)d[Y_N], (int)d[OUT_H], (int)d[Y_WORDS],
                    ((int)d[Y_KSIZE] + 6) >> 2};
-  // the image's normalise table into tb as 8-byte words (in place by the barrier after the
-  // staging): a thread's first two go out before the spans' loads, so the two wait together
-  typedef unsigned long long u64;
+  // the image's normalise table into tb as 8-byte words (in place after the spans' barrier):
+  // a thread's first two go out before the spans' loads, so the two wait together
   constexpr int TW = (int)(3 * 256 * sizeof(T) / 8);
   const u64* words = (const u64*)table;
   const u64 tw0 = tid < TW ? words[tid] : 0, tw1 = tid + nt < TW ? words[tid + nt] : 0;
@@ -1255,7 +1255,6 @@ __global__ void __launch_bounds__(FUSED_THREADS, KIND == PLAIN ? FUSED_PLAIN_MIN
     }
   } else {
     // the table as 8-byte words
-    typedef unsigned long long u64;
     const u64* tw = (const u64*)image_table;
 #pragma unroll 1
     for (int i = tid; i < (int)(3 * 256 * sizeof(T) / 8); i += nt) ((u64*)tb)[i] = tw[i];
