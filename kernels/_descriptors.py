@@ -373,24 +373,27 @@ def layout_of(
     used = 0
     tiles_of: list[int] = []
 
-    def table(in_size: int, out_size: int) -> tuple[int, int, int, int]:
+    def place(*arrays: np.ndarray[Any, Any]) -> int:
+        """Appends ``arrays`` (flattened) to the tables; the element offset of the first."""
         nonlocal used
+        at = used
+        for a in arrays:
+            chunks.append(a.reshape(-1))
+            used += a.size
+        return at
+
+    def table(in_size: int, out_size: int) -> tuple[int, int, int, int]:
         key = (in_size, out_size)
         if key not in table_at:
             c = bicubic_coefficients(in_size, out_size)
-            table_at[key] = (used, used + c.n.size, used + 2 * c.n.size, c.ksize)
-            chunks.extend((c.xmin, c.n, c.k.reshape(-1)))
-            used += 2 * c.n.size + c.k.size
+            at = place(c.xmin, c.n, c.k)
+            table_at[key] = (at, at + c.n.size, at + 2 * c.n.size, c.ksize)
         return table_at[key]
 
     def words(in_size: int, out_size: int) -> int:
-        nonlocal used
         key = (in_size, out_size)
         if key not in words_at:
-            w = _weight_words(in_size, out_size)
-            words_at[key] = used
-            chunks.append(w.reshape(-1))
-            used += w.size
+            words_at[key] = place(_weight_words(in_size, out_size))
         return words_at[key]
 
     src = mid = mid_rows = mid_width = patches = out = out_rows = out_width = 0
