@@ -68,6 +68,8 @@ FIELDS: tuple[str, ...] = (
     "TILE_PW",
     "X_WORDS",
     "Y_WORDS",
+    "X_SPANS",
+    "Y_SPANS",
 )
 _F = {name: i for i, name in enumerate(FIELDS)}
 _NONE, _HORIZONTAL, _VERTICAL = 0, 1, 2
@@ -318,8 +320,7 @@ def _weight_words(in_size: int, out_size: int) -> np.ndarray[Any, np.dtype[np.in
     """An axis's Q22 weights as the MMA passes' A words (cached, as the coefficients):
     ``(outputs, 3, m)``, word ``w`` of byte plane ``q`` of output ``o`` holds byte ``q`` of
     the weights of inputs ``(xmin[o] & ~3) + 4 w + 0..3`` (0 outside the taps),
-    ``m = (ksize + 6) // 4``. A fragment word is then one load instead of four loads,
-    checks and splits."""
+    ``m = (ksize + 6) // 4``: what ``_mma_axis`` picks each fragment word from."""
     c = bicubic_coefficients(in_size, out_size)
     outputs, ksize = c.k.shape
     m = (ksize + 6) // 4
@@ -331,6 +332,54 @@ def _weight_words(in_size: int, out_size: int) -> np.ndarray[Any, np.dtype[np.in
     words = (planes.reshape(outputs, 3, m, 4) << (8 * np.arange(4))).sum(axis=3)
     out: np.ndarray[Any, np.dtype[np.int32]] = words.astype(np.uint32).view(np.int32)
     out.setflags(write=False)
+    return out
+
+
+@lru_cache(maxsize=256)
+def _mma_axis(
+    in_size: int, out_size: int, tile: int, tiles: int
+) -> tuple[np.ndarray[Any, np.dtype[np.int32]], np.ndarray[Any, np.dtype[np.int32]]]:
+    """One axis of an MMA image, cut into ``tiles`` tiles of ``tile`` outputs: what each
+    tile's M-blocks of 16 outputs need, so a tile reads it instead of working it out
+    (cached, as the coefficients). The last tile may be cut short by the canvas; its blocks
+    are the same, and those past the axis have no weights.
+
+    Returns ``(spans, fragments)``. ``spans``: per tile ``1 + 2 mb`` int32 (``mb`` M-blocks
+    of a whole tile): the inputs the tile's taps use from its first block's span, then each
+    block's span ``(at, steps)``: its first tap aligned down to 4 and its 32-input steps
+    (``Span`` in ``pixels.cu``). ``fragments``: per block ``(3, _MMA_STEPS, 32, 4)``, lane
+    ``(g, t)``'s A words for byte plane ``q`` and step ``s`` in the PTX order of mma m16n8k32:
+    word ``r`` holds output ``o0 + g + 8 (r & 1)``, inputs ``at + 32 s + 16 (r >> 1) + 4 t +
+    0..3`` (0 outside the taps and past the axis), one 16-byte load a plane and step.
+    """
+    c = bicubic_coefficients(in_size, out_size)
+    words = _weight_words(in_size, out_size)  # (outputs, 3, m)
+    m = words.shape[2]
+    mb = -(-tile // 16)
+    o0 = np.arange(tiles)[:, None] * tile + 16 * np.arange(mb)[None, :]  # (tiles, mb)
+
+    def tap_end(o: Any) -> Any:  # one past the last input output o reads (o clipped)
+        o = np.minimum(o, out_size - 1)
+        return c.xmin[o] + c.n[o]
+
+    at = c.xmin[np.minimum(o0, out_size - 1)] & ~3
+    steps = (tap_end(o0 + 15) - at + 31) >> 5
+    used = tap_end(o0[:, -1] + 15) - at[:, 0]  # (a short last tile's blocks reach the end)
+    spans = np.concatenate([used[:, None], np.stack([at, steps], axis=2).reshape(tiles, -1)], 1)
+    lane = np.arange(32)
+    r = np.arange(4)
+    # (tiles, mb, step, lane, r): the output and the word of it each fragment word holds
+    o = o0[:, :, None, None, None] + (lane >> 2)[:, None] + 8 * (r & 1)
+    live = o < out_size
+    o = np.minimum(o, out_size - 1)
+    first = at[:, :, None, None, None] + 32 * np.arange(_MMA_STEPS)[:, None, None]
+    w = (first + 16 * (r >> 1) + 4 * (lane & 3)[:, None] - (c.xmin[o] & ~3)) >> 2
+    ok = live & (w >= 0) & (w < m)
+    picked = words[o, :, np.clip(w, 0, m - 1)]  # (tiles, mb, step, lane, r, 3)
+    frags = np.where(ok[..., None], picked, 0).transpose(0, 1, 5, 2, 3, 4)
+    out = (spans.astype(np.int32), np.ascontiguousarray(frags, dtype=np.int32))
+    for a in out:
+        a.setflags(write=False)
     return out
 
 
@@ -369,7 +418,7 @@ def layout_of(
     desc = np.zeros((len(jobs), len(FIELDS)), np.int64)
     chunks: list[np.ndarray[Any, np.dtype[np.int32]]] = []
     table_at: dict[tuple[int, int], tuple[int, int, int, int]] = {}
-    words_at: dict[tuple[int, int], int] = {}
+    axis_at: dict[tuple[int, int, int, int], tuple[int, int]] = {}
     used = 0
     tiles_of: list[int] = []
 
@@ -390,11 +439,15 @@ def layout_of(
             table_at[key] = (at, at + c.n.size, at + 2 * c.n.size, c.ksize)
         return table_at[key]
 
-    def words(in_size: int, out_size: int) -> int:
-        key = (in_size, out_size)
-        if key not in words_at:
-            words_at[key] = place(_weight_words(in_size, out_size))
-        return words_at[key]
+    def mma_axis(in_size: int, out_size: int, tile: int, tiles: int) -> tuple[int, int]:
+        """Where one MMA axis's fragments and spans are (``_mma_axis``): the fragments at a
+        multiple of 4 elements, so each lane's are 16-byte loads."""
+        key = (in_size, out_size, tile, tiles)
+        if key not in axis_at:
+            spans, frags = _mma_axis(*key)
+            place(np.zeros(-used % 4, np.int32))
+            axis_at[key] = place(frags), place(spans)
+        return axis_at[key]
 
     src = mid = mid_rows = mid_width = patches = out = out_rows = out_width = 0
     smem = mma_need = 0
@@ -429,6 +482,10 @@ def layout_of(
             smem = max(smem, need)
         kinds.append(kind)
         tiles_w, tiles_h = -(-job.grid_w // tile_w), -(-grid_h // tile_h)
+        x_frags = x_spans = y_frags = y_spans = 0
+        if kind == "mma":
+            x_frags, x_spans = mma_axis(job.in_w, job.out_w, tile_w * patch, tiles_w)
+            y_frags, y_spans = mma_axis(job.in_h, job.out_h, tile_h * patch, tiles_h)
         mid_w, mid_h = 0, 0
         if p1 != _NONE and fit is None:
             mid_w, mid_h = (job.out_w, job.in_h) if p1 == _HORIZONTAL else (job.in_w, job.out_h)
@@ -474,8 +531,10 @@ def layout_of(
             "TILED": int(fit is not None),
             "TILE_PH": tile_h,
             "TILE_PW": tile_w,
-            "X_WORDS": words(job.in_w, job.out_w) if kind == "mma" else 0,
-            "Y_WORDS": words(job.in_h, job.out_h) if kind == "mma" else 0,
+            "X_WORDS": x_frags,
+            "Y_WORDS": y_frags,
+            "X_SPANS": x_spans,
+            "Y_SPANS": y_spans,
         }
         for name, value in values.items():
             row[_F[name]] = value

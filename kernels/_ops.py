@@ -82,7 +82,13 @@ def _uploaded(
     stream-ordered copy of one buffer, and the event that marks it done (``None`` on the CPU).
     """
     parts = (layout.desc, layout.grids, layout.tables, layout.tile_image)
-    host = torch.from_numpy(np.concatenate([a.reshape(-1).view(np.uint8) for a in parts]))
+    # each part from a multiple of 16 bytes: the MMA kernel loads its fragments 16 at a time
+    raw = [a.reshape(-1).view(np.uint8) for a in parts]
+    starts = np.cumsum([0] + [-(-r.size // 16) * 16 for r in raw]).tolist()
+    flat = np.zeros(starts[-1], np.uint8)
+    for r, at in zip(raw, starts):
+        flat[at : at + r.size] = r
+    host = torch.from_numpy(flat)
     done = None
     if device.type != "cuda":
         buf = host.to(device)
@@ -90,11 +96,11 @@ def _uploaded(
         buf = host.pin_memory().to(device, non_blocking=True)
         done = torch.cuda.Event()  # type: ignore[no-untyped-call]
         done.record(torch.cuda.current_stream(device))
-    ends = np.cumsum([a.nbytes for a in parts]).tolist()
-    desc = buf[: ends[0]].view(torch.int64)
-    grids = buf[ends[0] : ends[1]].view(torch.int64).view(-1, 3)
-    tab = buf[ends[1] : ends[2]].view(torch.int32)
-    tiles = buf[ends[2] : ends[3]].view(torch.int32)
+    desc, grids, tab, tiles = (
+        buf[at : at + r.size].view(dtype)
+        for r, at, dtype in zip(raw, starts, (torch.int64, torch.int64, torch.int32, torch.int32))
+    )
+    grids = grids.view(-1, 3)
     return (desc, tab, grids, tiles), done
 
 

@@ -70,9 +70,11 @@ enum Field {
   TILED = 35,         // 1: the tile's source window (and intermediate) in shared memory
   TILE_PH = 36,       // patches per tile, down and across (fused launch)
   TILE_PW = 37,
-  X_WORDS = 38,       // MMA tiles: int32 offset of the horizontal weights as A words
-  Y_WORDS = 39,       // (outputs, 3 byte planes, (ksize + 6) / 4 words); the same, vertical
-  NF = 40
+  X_WORDS = 38,       // MMA tiles: int32 offset of the horizontal axis's A fragments (per
+  Y_WORDS = 39,       // M-block of a tile column, in lane order); the same, vertical (rows)
+  X_SPANS = 40,       // MMA tiles: int32 offset of the horizontal axis's spans (per tile
+  Y_SPANS = 41,       // column: the inputs it uses, then each M-block's); the same, vertical
+  NF = 42
 };
 
 typedef long long i64;
@@ -570,7 +572,8 @@ __device__ __forceinline__ void plain_units(const u8* __restrict__ s0, i64 row, 
 // inputs x 8 lines) on the int8 tensor cores, exactly: each weight is split into bytes,
 // w = b2 * 2^16 + b1 * 2^8 + b0 (b0, b1 unsigned, b2 signed since |w| < 2^23), and the three
 // products' int32 sums add up to Pillow's accumulator (wrapping adds; the total is in range).
-// The host splits them, as 4 inputs' bytes a word (X_WORDS, Y_WORDS; _weight_words).
+// The host splits them and lays each M-block's out as its lanes' A fragments (X_WORDS,
+// Y_WORDS; _mma_axis), with the blocks' spans (X_SPANS, Y_SPANS).
 // A tile's source window sits in shared memory as one plane a channel (rows of input
 // columns; columns of input rows when Pillow resizes vertically first); the first pass
 // writes the intermediate with the other axis contiguous, so both passes read 4
@@ -623,59 +626,34 @@ __device__ __forceinline__ unsigned sat_pair(int lo, int hi) {
 #define MMWIRE_SMEM_CHECK(bytes)
 #endif
 
-// One axis of a resize: offsets of its coefficient tables in tab, its output size, and its
-// weights as A words (MMA tiles: from `words`, m words per output and byte plane).
-struct Axis {
-  int xmin, n, size, words, m;
-};
-
 // The inputs one M-block (outputs o0 .. o0 + 15, clipped to the axis) reads: from its first
 // tap, aligned down to 4 (so a lane's 4 k values are one aligned word), `steps` of 32.
 struct Span {
   int at, steps;
 };
 
-// One past the last input that output o's taps read (o clipped to the axis).
-__device__ __forceinline__ int last_tap(const int* __restrict__ tab, const Axis& ax, int o) {
-  o = min(o, ax.size - 1);
-  return tab[ax.xmin + o] + tab[ax.n + o];
-}
+// Words of an M-block's A fragments (the host's _MMA_FRAGMENT_WORDS): per byte plane q and
+// 32-input step s, 32 lanes x 4 words.
+#define MMA_FRAGMENT_WORDS (3 * MMA_KS * 32 * 4)
 
-__device__ __forceinline__ Span span_of(const int* __restrict__ tab, const Axis& ax, int o0) {
-  const int at = tab[ax.xmin + min(o0, ax.size - 1)] & ~3;
-  return {at, (last_tap(tab, ax, o0 + 15) - at + 31) >> 5};
-}
-
-// Lane (g, t)'s A fragments of the M-block of outputs o0 .. o0 + 15 (its span), per byte
-// plane q and 32-input step s (the first span.steps): word r holds output o0 + g (r = 0, 2)
-// or o0 + g + 8 (r = 1, 3), inputs span.at + 32 s + 4 t + 0..3 (r = 0, 1) or 16 more
-// (r = 2, 3): one word of the host's split weights each, as span.at and the outputs' first
-// inputs aligned down are multiples of 4. Outputs past the axis (canvas padding) get no
-// weights, so they come out 0. Straight from global memory (L1): the block's warps load
-// their own, with no shared copy and no barrier. A plane's words of an output are the
-// lane's first (w0, which may lie before the row: those are 0) plus 0, 4, 8, 12, so each
-// load is a plane's pointer plus a constant and one unsigned compare.
+// Lane (g, t)'s A fragments of one M-block (outputs o0 .. o0 + 15), per byte plane q and
+// 32-input step s (the first KS): word r holds output o0 + g (r = 0, 2) or o0 + g + 8 (r =
+// 1, 3), inputs span.at + 32 s + 4 t + 0..3 (r = 0, 1) or 16 more (r = 2, 3), one byte of
+// each weight; outputs past the axis (canvas padding) have none, so they come out 0. The
+// host lays them out in this order (_mma_axis), so a plane and step is one 16-byte load a
+// lane, coalesced over the warp; straight from global memory (L1), no shared copy.
 template <int KS>
-__device__ __forceinline__ void load_weights(const int* __restrict__ tab, const Axis& ax, int o0,
-                                             Span span, int lane, unsigned (&a)[3][KS][4]) {
+__device__ __forceinline__ void load_weights(const int* __restrict__ frags, int lane,
+                                             unsigned (&a)[3][KS][4]) {
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {  // outputs o0 + g and o0 + g + 8
-    const int o = min(o0 + (lane >> 2) + 8 * h, ax.size - 1);
-    const bool live = o0 + (lane >> 2) + 8 * h < ax.size;
-    const int w0 = (span.at + 4 * (lane & 3) - (tab[ax.xmin + o] & ~3)) >> 2;
-    const unsigned* k = (const unsigned*)tab + ax.words + 3 * ax.m * o + w0;
+  for (int q = 0; q < 3; ++q) {
 #pragma unroll
     for (int st = 0; st < KS; ++st) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int c = 8 * st + 4 * half;
-        const bool in =
-            live && (st == 0 || st < span.steps) && (unsigned)(w0 + c) < (unsigned)ax.m;
-#pragma unroll
-        for (int q = 0; q < 3; ++q) {
-          a[q][st][2 * half + h] = in ? __ldg(k + q * ax.m + c) : 0u;
-        }
-      }
+      const uint4 w = __ldg((const uint4*)frags + (q * MMA_KS + st) * 32 + lane);
+      a[q][st][0] = w.x;
+      a[q][st][1] = w.y;
+      a[q][st][2] = w.z;
+      a[q][st][3] = w.w;
     }
   }
 }
@@ -729,9 +707,9 @@ struct Lines {
   int plane, step, pitch;
 };
 
-// One pass of a tile: `blocks` M-blocks of 16 outputs from o_first on axis ax (their spans),
-// times CH channels x `lbs` N-blocks of 8 lines of `in` (k = 0 at the first block's first
-// input). Each warp takes a contiguous run of the (M-block, channel, N-block) tasks,
+// One pass of a tile: `blocks` M-blocks of 16 outputs (their spans; their A fragments from
+// frags on, MMA_FRAGMENT_WORDS a block) times CH channels x `lbs` N-blocks of 8 lines of
+// `in` (k = 0 at the first block's first input). Each warp takes a contiguous run of the (M-block, channel, N-block) tasks,
 // counted without dividing, with its places in the lines and the output kept as running
 // offsets (a task's output is out_plane a channel and out_step an N-block on). At each new
 // M-block j it loads the block's weights (load_weights) and out_at(j) gives the lane's
@@ -740,8 +718,8 @@ struct Lines {
 // of the N-block; v[1] at output 16 j + g + 8. KS: the most 32-input steps of the tile's
 // blocks.
 template <int CH, int KS, typename OutAt, typename Done>
-__device__ __forceinline__ void mma_pass(const int* __restrict__ tab, const Axis& ax,
-                                         int o_first, const Span* spans, int blocks, int lbs,
+__device__ __forceinline__ void mma_pass(const int* __restrict__ frags, const Span* spans,
+                                         int blocks, int lbs,
                                          const Lines& in, int out_plane, int out_step,
                                          OutAt out_at, Done done) {
   const int tid = threadIdx.y * blockDim.x + threadIdx.x;
@@ -769,7 +747,7 @@ __device__ __forceinline__ void mma_pass(const int* __restrict__ tab, const Axis
       cur = j;
       l0 = lane_in + (spans[j].at - spans[0].at);
       steps = spans[j].steps;
-      load_weights<KS>(tab, ax, o_first + 16 * j, spans[j], lane, a);
+      load_weights<KS>(frags + j * MMA_FRAGMENT_WORDS, lane, a);
       o0 = out_at(j);
     }
     // two N-blocks of the same M-block and channel at once where the run allows (the same
@@ -877,16 +855,18 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
   const int g = (tid & 31) >> 2, t = tid & 3;  // the lane's group and place in it
   const int tiles_w = (int)d[TILES_W], tph = (int)d[TILE_PH], tpw = (int)d[TILE_PW];
   const int gw = (int)d[GRID_W];
-  const int trow = (int)((unsigned)tile / (unsigned)tiles_w);
-  const int gy0 = trow * tph, gx0 = (tile - trow * tiles_w) * tpw;
+  const int trow = (int)((unsigned)tile / (unsigned)tiles_w), tcol = tile - trow * tiles_w;
+  const int gy0 = trow * tph, gx0 = tcol * tpw;
   const int nph = min(tph, (int)d[GRID_H] - gy0), npw = min(tpw, gw - gx0);  // its patches
   const int th = nph * p, tw = npw * p;
-  const int y0 = gy0 * p, x0 = gx0 * p;
   const int my = (th + 15) >> 4, mx = (tw + 15) >> 4;  // M-blocks down and across
-  const Axis ax = {(int)d[X_XMIN], (int)d[X_N], (int)d[OUT_W], (int)d[X_WORDS],
-                   ((int)d[X_KSIZE] + 6) >> 2};
-  const Axis ay = {(int)d[Y_XMIN], (int)d[Y_N], (int)d[OUT_H], (int)d[Y_WORDS],
-                   ((int)d[Y_KSIZE] + 6) >> 2};
+  // the tile column's and row's spans and fragments (_mma_axis): mbx and mby M-blocks a
+  // whole tile, of which this one uses mx and my
+  const int mbx = (tpw * p + 15) >> 4, mby = (tph * p + 15) >> 4;
+  const int* rx = tab + (int)d[X_SPANS] + tcol * (1 + 2 * mbx);
+  const int* ry = tab + (int)d[Y_SPANS] + trow * (1 + 2 * mby);
+  const int* fx = tab + (int)d[X_WORDS] + tcol * mbx * MMA_FRAGMENT_WORDS;
+  const int* fy = tab + (int)d[Y_WORDS] + trow * mby * MMA_FRAGMENT_WORDS;
   // the image's normalise table into tb as 8-byte words (in place after the spans' barrier):
   // a thread's first two go out before the spans' loads, so the two wait together
   constexpr int TW = (int)(3 * 256 * sizeof(T) / 8);
@@ -895,7 +875,8 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
   __shared__ Span spans[2][MMA_MAX_BLOCKS];  // the M-blocks' spans, across and down
   bool two_steps = false;  // a block of this thread's needs MMA_KS = 2 steps
   for (int j = tid; j < mx + my; j += nt) {
-    const Span sp = j < mx ? span_of(tab, ax, x0 + 16 * j) : span_of(tab, ay, y0 + 16 * (j - mx));
+    const int* r = j < mx ? rx + 1 + 2 * j : ry + 1 + 2 * (j - mx);
+    const Span sp = {r[0], r[1]};
     (j < mx ? spans[0][j] : spans[1][j - mx]) = sp;
     two_steps |= sp.steps > 1;
   }
@@ -908,10 +889,9 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
   // the inputs the tile's taps use: only these are staged and passed. A product's last
   // step may read up to 32 ks bytes past them, into the next line or the slack after a
   // region; those inputs only ever meet weight 0
-  const int uc = last_tap(tab, ax, x0 + 16 * mx - 1) - wx;
-  const int ur = last_tap(tab, ay, y0 + 16 * my - 1) - wy;
+  const int uc = rx[0], ur = ry[0];
   // the first pass: its axis, M-blocks, lines (8-aligned) and inputs a line
-  const Axis& a1 = VFIRST ? ay : ax;
+  const int* f1 = VFIRST ? fy : fx;
   const Span* s1 = spans[VFIRST ? 1 : 0];
   const int m1 = VFIRST ? my : mx, lines1 = ((VFIRST ? uc : ur) + 7) & ~7;
   const int wp = mma_pitch(VFIRST ? ur : uc), mp = mma_pitch(lines1);
@@ -999,8 +979,8 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
     // the first pass: its outputs (M) times 8 window lines of a channel (N) into the
     // intermediate, a line of the other axis per output
     mma_pass<CH, KS>(
-        tab, a1, VFIRST ? y0 : x0, s1, m1, lines1 >> 3, Lines{win, win_plane, 8 * wp, wp},
-        mid_plane, 8, [&](int j) { return mid + (16 * j + g) * mp + 2 * t; },
+        f1, s1, m1, lines1 >> 3, Lines{win, win_plane, 8 * wp, wp}, mid_plane, 8,
+        [&](int j) { return mid + (16 * j + g) * mp + 2 * t; },
         [&](u8* m, const unsigned v[2]) { store_pairs(m, mp, v); });
     __syncthreads();  // the intermediate is in place, the window done with
     const Lines in2{mid, mid_plane, 8 * mp, mp};
@@ -1008,14 +988,14 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
       // vertical: output rows (M) times 8 columns of a channel (N): a lane's two pixels of
       // a row are neighbours, stored as a pair
       mma_pass<CH, KS>(
-          tab, ay, y0, spans[1], my, (tw + 7) >> 3, in2, out_plane, 8,
+          fy, spans[1], my, (tw + 7) >> 3, in2, out_plane, 8,
           [&](int i) { return ob + (16 * i + g) * op + 2 * t; },
           [&](u8* m, const unsigned v[2]) { store_pairs(m, op, v); });
     } else {
       // horizontal: output columns (M) times 8 rows of a channel (N): a lane's two pixels
       // are in neighbouring rows, stored one by one
       mma_pass<CH, KS>(
-          tab, ax, x0, spans[0], mx, (th + 7) >> 3, in2, out_plane, 8 * op,
+          fx, spans[0], mx, (th + 7) >> 3, in2, out_plane, 8 * op,
           [&](int j) { return ob + 2 * t * op + 16 * j + g; },
           [&](u8* m, const unsigned v[2]) {
 #pragma unroll

@@ -59,6 +59,17 @@ def test_fused_block_limit_matches_the_cuda_define() -> None:
         assert across == (p // 2 if p % 2 == 0 else p)  # a pixel pair a thread when p is even
 
 
+def test_mma_limits_match_the_cuda_defines() -> None:
+    # the host lays out each M-block's fragments for MMA_KS steps and plans tiles of at
+    # most MMA_MAX_BLOCKS blocks a side: the kernel must read them the same way
+    from mmwire.kernels._descriptors import _MMA_MAX_BLOCKS, _MMA_STEPS
+
+    text = SOURCE.read_text()
+    for name, value in (("MMA_KS", _MMA_STEPS), ("MMA_MAX_BLOCKS", _MMA_MAX_BLOCKS)):
+        found = re.search(rf"#define {name} (\d+)", text)
+        assert found is not None and int(found.group(1)) == value, name
+
+
 def test_out_alignment_matches_the_widest_store() -> None:
     found = re.search(r"#define UNIT_BYTES (\d+)", SOURCE.read_text())
     assert found is not None and int(found.group(1)) == _ops._OUT_ALIGN
@@ -200,6 +211,54 @@ def test_weight_words_hold_the_q22_weights_by_bytes(in_size: int, out_size: int)
         rest = np.delete(weights[o], np.arange(at, at + c.n[o]))
         assert not rest.any()  # nothing outside the taps
     assert words.shape == (out_size, 3, (c.k.shape[1] + 6) // 4)
+
+
+@pytest.mark.parametrize(
+    ("in_size", "out_size", "patch", "tile"),
+    [(4000, 2073, 14, 4), (3000, 1460, 14, 5), (30, 56, 14, 1)],
+)
+def test_mma_fragments_hold_each_blocks_weights_in_lane_order(
+    in_size: int, out_size: int, patch: int, tile: int
+) -> None:
+    # the A fragments of each tile's M-blocks, read back through the PTX layout of mma
+    # m16n8k32 (lane 4 g + t, word r: row g + 8 (r & 1), k 16 (r >> 1) + 4 t + byte), are
+    # the Q22 weights of the block's 16 outputs over its span; past the axis they are 0
+    from mmwire.kernels._descriptors import _MMA_STEPS, _mma_axis
+
+    c = bicubic_coefficients(in_size, out_size)
+    dense = np.zeros((out_size, in_size), np.int64)
+    for o in range(out_size):
+        dense[o, c.xmin[o] : c.xmin[o] + c.n[o]] = c.k[o, : c.n[o]]
+    grid = -(-out_size // patch)
+    tiles = -(-grid // tile)
+    spans, frags = _mma_axis(in_size, out_size, tile * patch, tiles)
+    mb = -(-tile * patch // 16)
+    assert spans.shape == (tiles, 1 + 2 * mb)
+    assert frags.shape == (tiles, mb, 3, _MMA_STEPS, 32, 4)
+    raw = frags.view(np.uint32).astype(np.int64)
+    planes = (raw[..., None] >> (8 * np.arange(4))) & 255  # (tiles, mb, q, s, lane, r, byte)
+    k32 = 32 * _MMA_STEPS
+    for t in range(tiles):
+        for j in range(mb):
+            at, steps = spans[t, 1 + 2 * j : 3 + 2 * j]
+            a = np.zeros((3, 16, k32), np.int64)
+            for lane in range(32):
+                g, lt = divmod(lane, 4)
+                for r in range(4):
+                    row, k = g + 8 * (r & 1), 16 * (r >> 1) + 4 * lt
+                    for st in range(_MMA_STEPS):
+                        a[:, row, 32 * st + k : 32 * st + k + 4] = planes[t, j, :, st, lane, r]
+            weights = a[0] + (a[1] << 8) + (np.where(a[2] >= 128, a[2] - 256, a[2]) << 16)
+            o0 = t * tile * patch + 16 * j
+            want = np.zeros((16, k32), np.int64)
+            live = dense[o0 : min(o0 + 16, out_size)]
+            want[: live.shape[0], : max(0, min(k32, in_size - at))] = live[:, at : at + k32]
+            assert (weights == want).all(), (t, j)
+            assert at % 4 == 0 and 1 <= steps <= _MMA_STEPS
+            assert not live[:, :at].any() and not live[:, at + 32 * steps :].any()  # the span
+        # the inputs the tile uses: to the last tap of its blocks' last output in the axis
+        end = min(t * tile * patch + 16 * mb, out_size) - 1
+        assert spans[t, 0] == c.xmin[end] + c.n[end] - spans[t, 1]
 
 
 def test_mma_tiles_grow_past_a_power_of_two_while_they_fit() -> None:

@@ -45,6 +45,11 @@ static inline int __syncthreads_or(int p) {
 static unsigned mmwire_dynamic_smem[160 * 1024 / sizeof(unsigned)];
 static inline unsigned* dynamic_smem() { return mmwire_dynamic_smem; }
 
+// CUDA's vector type of the 16-byte loads.
+struct uint4 {
+  unsigned x, y, z, w;
+};
+
 // The CUDA intrinsics the kernels use, with their documented semantics.
 template <typename T>
 static inline T __ldg(const T* p) { return *p; }
