@@ -662,24 +662,22 @@ __device__ __forceinline__ void load_weights(const int* __restrict__ frags, int 
 // first product of that plane starts from it, so the clamp adds nothing.
 #define MMA_BIAS_HIGH (1 << (21 - 16))
 
-// acc = the three byte planes' products of one N-block (its lane's k words at l), the
-// high plane's with the rounding (MMA_BIAS_HIGH).
-template <int KS>
-__device__ __forceinline__ void products(const unsigned (&a)[3][KS][4], const u8* l, int steps,
+// acc = the three byte planes' products of one N-block (its lane's k words at l) over S
+// 32-input steps, the high plane's with the rounding (MMA_BIAS_HIGH).
+template <int S, int KS>
+__device__ __forceinline__ void products(const unsigned (&a)[3][KS][4], const u8* l,
                                          int (&acc)[3][4]) {
   const unsigned b0 = *(const unsigned*)l, b1 = *(const unsigned*)(l + 16);
   mma_k32<false, true>(acc[0], a[0][0], b0, b1);
   mma_k32<false, true>(acc[1], a[1][0], b0, b1);
   mma_k32<true, true>(acc[2], a[2][0], b0, b1, MMA_BIAS_HIGH);
 #pragma unroll
-  for (int s = 1; s < KS; ++s) {
-    if (s < steps) {  // the same for the whole warp
-      const unsigned b0 = *(const unsigned*)(l + 32 * s);
-      const unsigned b1 = *(const unsigned*)(l + 32 * s + 16);
-      mma_k32<false, false>(acc[0], a[0][s], b0, b1);
-      mma_k32<false, false>(acc[1], a[1][s], b0, b1);
-      mma_k32<true, false>(acc[2], a[2][s], b0, b1);
-    }
+  for (int s = 1; s < S; ++s) {
+    const unsigned b0 = *(const unsigned*)(l + 32 * s);
+    const unsigned b1 = *(const unsigned*)(l + 32 * s + 16);
+    mma_k32<false, false>(acc[0], a[0][s], b0, b1);
+    mma_k32<false, false>(acc[1], a[1][s], b0, b1);
+    mma_k32<true, false>(acc[2], a[2][s], b0, b1);
   }
 }
 
@@ -707,21 +705,38 @@ struct Lines {
   int plane, step, pitch;
 };
 
+// Where a warp is in its run of a pass's tasks: an M-block's (channel, N-block) tasks in
+// order, with the task's offsets in the lines and the output kept as running offsets.
+struct TaskWalk {
+  int lb, in_off, out_off;
+  // the next task: the next N-block, or the next channel's first
+  __device__ __forceinline__ void next(const Lines& in, int out_step, int lbs, int in_wrap,
+                                       int out_wrap) {
+    in_off += in.step;
+    out_off += out_step;
+    if (++lb == lbs) {
+      lb = 0;
+      in_off += in_wrap;
+      out_off += out_wrap;
+    }
+  }
+};
+
 // One pass of a tile: `blocks` M-blocks of 16 outputs (their spans; their A fragments from
 // frags on, MMA_FRAGMENT_WORDS a block) times CH channels x `lbs` N-blocks of 8 lines of
-// `in` (k = 0 at the first block's first input). Each warp takes a contiguous run of the (M-block, channel, N-block) tasks,
-// counted without dividing, with its places in the lines and the output kept as running
-// offsets (a task's output is out_plane a channel and out_step an N-block on). At each new
-// M-block j it loads the block's weights (load_weights) and out_at(j) gives the lane's
-// place for the block's first task; done(m, v) gets each task's place m and four clamped
-// bytes as two byte pairs: v[0] at output 16 j + g, lines 2 t (byte 0) and 2 t + 1 (byte 1)
-// of the N-block; v[1] at output 16 j + g + 8. KS: the most 32-input steps of the tile's
-// blocks.
+// `in` (k = 0 at the first block's first input). Each warp takes a contiguous run of the
+// (M-block, channel, N-block) tasks, counted without dividing; for each M-block of its run
+// it loads the block's weights (load_weights), and out_at(j) gives the lane's place for the
+// block's first task (a task's output is out_plane a channel and out_step an N-block on).
+// The block's tasks then go two at a time (their loads and products interleave) in a loop
+// compiled for the block's number of 32-input steps, nothing decided per task but where
+// the next one is. done(m, v) gets each task's place m and four clamped bytes as two byte
+// pairs: v[0] at output 16 j + g, lines 2 t (byte 0) and 2 t + 1 (byte 1) of the N-block;
+// v[1] at output 16 j + g + 8. KS: the most 32-input steps of the tile's blocks.
 template <int CH, int KS, typename OutAt, typename Done>
 __device__ __forceinline__ void mma_pass(const int* __restrict__ frags, const Span* spans,
-                                         int blocks, int lbs,
-                                         const Lines& in, int out_plane, int out_step,
-                                         OutAt out_at, Done done) {
+                                         int blocks, int lbs, const Lines& in, int out_plane,
+                                         int out_step, OutAt out_at, Done done) {
   const int tid = threadIdx.y * blockDim.x + threadIdx.x;
   const int lane = tid & 31;
   // (warp + 1) * tasks stays far below 2^21, so div_small serves: 32 warps at most, and
@@ -734,52 +749,48 @@ __device__ __forceinline__ void mma_pass(const int* __restrict__ frags, const Sp
     c = div_small(lb, lbs);
     lb -= c * lbs;
   }
-  // the task's offsets in the lines and the output, and how they move to the next channel
-  int in_off = c * in.plane + lb * in.step, out_off = c * out_plane + lb * out_step;
+  TaskWalk w = {lb, c * in.plane + lb * in.step, c * out_plane + lb * out_step};
   const int in_wrap = in.plane - lbs * in.step, out_wrap = out_plane - lbs * out_step;
   const u8* lane_in = in.base + (lane >> 2) * in.pitch + 4 * (lane & 3);  // its line, k words
-  unsigned a[3][KS][4];
-  int cur = -1, steps = 0;
-  const u8* l0 = lane_in;  // lane_in + the block's first input
-  u8* o0 = nullptr;        // out_at(j)
-  for (int task = first; task < last;) {
-    if (j != cur) {
-      cur = j;
-      l0 = lane_in + (spans[j].at - spans[0].at);
-      steps = spans[j].steps;
-      load_weights<KS>(frags + j * MMA_FRAGMENT_WORDS, lane, a);
-      o0 = out_at(j);
-    }
-    // two N-blocks of the same M-block and channel at once where the run allows (the same
-    // for the whole warp; else the second repeats the first and is dropped): their loads
-    // and products interleave
-    const bool two = lb + 1 < lbs && task + 1 < last;
-    int acc[3][4], acc2[3][4];
-    const u8* l = l0 + in_off;
-    products(a, l, steps, acc);
-    products(a, two ? l + in.step : l, steps, acc2);
-    unsigned v[2];
-    clamp_q22(acc, v);
-    done(o0 + out_off, v);
-    if (two) {
-      clamp_q22(acc2, v);
-      done(o0 + out_off + out_step, v);
-    }
-    const int moved = two ? 2 : 1;
-    task += moved;
-    lb += moved;
-    in_off += two ? 2 * in.step : in.step;
-    out_off += two ? 2 * out_step : out_step;
-    if (lb == lbs) {
-      lb = 0;
-      in_off += in_wrap;
-      out_off += out_wrap;
-      if (++c == CH) {
-        c = 0;
-        ++j;
-        in_off = out_off = 0;
+  for (int task = first; task < last; ++j) {
+    const int n = min(last, (j + 1) * per_block) - task;  // the warp's tasks of block j
+    task += n;
+    unsigned a[3][KS][4];
+    load_weights<KS>(frags + j * MMA_FRAGMENT_WORDS, lane, a);
+    const u8* l0 = lane_in + (spans[j].at - spans[0].at);
+    u8* o0 = out_at(j);
+    auto run = [&](auto most_steps) {
+      constexpr int S = decltype(most_steps)::value;
+      int left = n;
+      for (; left >= 2; left -= 2) {
+        TaskWalk w2 = w;
+        w2.next(in, out_step, lbs, in_wrap, out_wrap);
+        int acc[3][4], acc2[3][4];
+        products<S>(a, l0 + w.in_off, acc);
+        products<S>(a, l0 + w2.in_off, acc2);
+        unsigned v[2];
+        clamp_q22(acc, v);
+        done(o0 + w.out_off, v);
+        clamp_q22(acc2, v);
+        done(o0 + w2.out_off, v);
+        w = w2;
+        w.next(in, out_step, lbs, in_wrap, out_wrap);
       }
+      if (left != 0) {
+        int acc[3][4];
+        products<S>(a, l0 + w.in_off, acc);
+        unsigned v[2];
+        clamp_q22(acc, v);
+        done(o0 + w.out_off, v);
+      }
+    };
+    if (KS > 1 && spans[j].steps > 1) {  // the same for the whole warp
+      run(Int<KS>());
+    } else {
+      run(Int<1>());
     }
+    w = {0, 0, 0};  // the next block starts at its first channel's first N-block (a
+                    // block ends the warp's run, or its tasks run to the block's end)
   }
 }
 
