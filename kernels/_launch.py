@@ -29,8 +29,6 @@ _FUSED = {
     if not (kind == "mma" and ch == 4)
 }
 
-_DEFAULT_SMEM = 48 * 1024  # dynamic shared memory a launch gets without opting in
-
 Dims = tuple[int, int]
 
 
@@ -143,6 +141,7 @@ class CupyLauncher:
             for name in ("resize_pass1", "resize_pass2", *_FUSED.values())
         }
         self._streams: dict[int, Any] = {}
+        self._dynamic_smem: dict[str, int] = {}  # what each kernel may take now, once asked
         self._tensor_cores = torch.cuda.get_device_capability(self._index) >= (8, 0)
 
     @property
@@ -165,8 +164,14 @@ class CupyLauncher:
             stream = self._streams[handle] = _cupy_stream(handle, self._index)
         fn = self._functions[name]
         with cupy.cuda.Device(self._index), stream:
-            if smem > _DEFAULT_SMEM and fn.max_dynamic_shared_size_bytes < smem:
-                fn.max_dynamic_shared_size_bytes = smem  # opt in, once per kernel
+            # opt in past what the kernel may take: 48 KiB less its own static arrays, so
+            # a launch can need it with less than 48 KiB of dynamic shared memory
+            allowed = self._dynamic_smem.get(name)
+            if allowed is None:
+                allowed = self._dynamic_smem[name] = fn.max_dynamic_shared_size_bytes
+            if smem > allowed:
+                fn.max_dynamic_shared_size_bytes = smem
+                self._dynamic_smem[name] = smem
             fn(grid, block, tuple(_arg(a) for a in args), shared_mem=smem)
 
     def pass1(

@@ -118,6 +118,38 @@ def test_cuda_tensor_cores_equal_the_general_kernel_in_both_pass_orders(
         assert differing(got, want) == 0
 
 
+def test_cuda_launcher_opts_in_when_the_kernels_own_arrays_pass_48_kib(
+    rng: np.random.Generator,
+) -> None:
+    # 48 KiB of dynamic shared memory plus the kernel's static arrays is more than a block
+    # gets without opting in: the launcher must opt in although the dynamic part alone is
+    # not over 48 KiB (it did not, and such a launch failed with CUDA_ERROR_INVALID_VALUE).
+    # The general kernel: nothing else asks it for more than 40 KiB, so no earlier launch
+    # of this process has opted in for it
+    from kernel_cases import differing
+    from mmwire.kernels import CupyLauncher, pack, preprocess_packed
+    from mmwire.kernels._descriptors import Kind
+    from mmwire.materialize import ProcessorConfig
+
+    class GeneralAtTheLimit(CupyLauncher):
+        tensor_cores = False  # type: ignore[assignment]
+
+        def fused(
+            self, bits: int, channels: int, kind: Kind, grid: Any, block: Any, smem: int, *rest: Any
+        ) -> None:
+            assert kind != "mma"
+            more = 48 * 1024 if kind == "general" else smem  # the kernel uses what it needs
+            super().fused(bits, channels, kind, grid, block, more, *rest)
+
+    cfg = ProcessorConfig(in_patch_limit=1024)
+    images = [rng.integers(0, 256, s, dtype=np.uint8) for s in ((700, 900, 3), (333, 517, 3))]
+    specs = [cfg.spec_for(im.shape[1], im.shape[0]) for im in images]
+    src, packed = pack([torch.from_numpy(im).cuda() for im in images])
+    want, _ = preprocess_packed(src, packed, specs, launcher=CupyLauncher(src.device))
+    got, _ = preprocess_packed(src, packed, specs, launcher=GeneralAtTheLimit(src.device))
+    assert differing(got, want) == 0
+
+
 @pytest.mark.parametrize("resizing", [False, True])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_cuda_seed_case_4x1536x1024(rng: np.random.Generator, resizing: bool, dtype: str) -> None:
