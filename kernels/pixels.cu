@@ -632,8 +632,8 @@ struct Span {
   int at, steps;
 };
 
-// Words of an M-block's A fragments (the host's _MMA_FRAGMENT_WORDS): per byte plane q and
-// 32-input step s, 32 lanes x 4 words.
+// Words of an M-block's A fragments (a block of the host's _mma_axis fragments): per byte
+// plane q and 32-input step s, 32 lanes x 4 words.
 #define MMA_FRAGMENT_WORDS (3 * MMA_KS * 32 * 4)
 
 // Lane (g, t)'s A fragments of one M-block (outputs o0 .. o0 + 15), per byte plane q and
