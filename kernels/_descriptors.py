@@ -356,7 +356,8 @@ def _mma_axis(
     words = _weight_words(in_size, out_size)  # (outputs, 3, m)
     m = words.shape[2]
     mb = -(-tile // 16)
-    o0 = np.arange(tiles)[:, None] * tile + 16 * np.arange(mb)[None, :]  # (tiles, mb)
+    # (tiles, mb): each block's first output (int32, as everything below: a third less time)
+    o0 = np.arange(tiles, dtype=np.int32)[:, None] * tile + 16 * np.arange(mb, dtype=np.int32)
 
     def tap_end(o: Any) -> Any:  # one past the last input output o reads (o clipped)
         o = np.minimum(o, out_size - 1)
@@ -366,18 +367,21 @@ def _mma_axis(
     steps = (tap_end(o0 + 15) - at + 31) >> 5
     used = tap_end(o0[:, -1] + 15) - at[:, 0]  # (a short last tile's blocks reach the end)
     spans = np.concatenate([used[:, None], np.stack([at, steps], axis=2).reshape(tiles, -1)], 1)
-    lane = np.arange(32)
-    r = np.arange(4)
-    # (tiles, mb, step, lane, r): the output and the word of it each fragment word holds
-    o = o0[:, :, None, None, None] + (lane >> 2)[:, None] + 8 * (r & 1)
+    lane = np.arange(32, dtype=np.int32)
+    r = np.arange(4, dtype=np.int32)
+    # (tiles, mb, plane, step, lane, r): the output and the word of it each fragment word
+    # holds, as an index into the flat words
+    o = o0[:, :, None, None, None, None] + (lane >> 2)[:, None] + 8 * (r & 1)
     live = o < out_size
     o = np.minimum(o, out_size - 1)
-    first = at[:, :, None, None, None] + 32 * np.arange(_MMA_STEPS)[:, None, None]
+    first = (
+        at[:, :, None, None, None, None] + 32 * np.arange(_MMA_STEPS, dtype=np.int32)[:, None, None]
+    )
     w = (first + 16 * (r >> 1) + 4 * (lane & 3)[:, None] - (c.xmin[o] & ~3)) >> 2
     ok = live & (w >= 0) & (w < m)
-    picked = words[o, :, np.clip(w, 0, m - 1)]  # (tiles, mb, step, lane, r, 3)
-    frags = np.where(ok[..., None], picked, 0).transpose(0, 1, 5, 2, 3, 4)
-    out = (spans.astype(np.int32), np.ascontiguousarray(frags, dtype=np.int32))
+    at_word = (o * 3 + np.arange(3, dtype=np.int32)[:, None, None, None]) * m + np.clip(w, 0, m - 1)
+    frags = np.where(ok, words.reshape(-1)[at_word], 0)
+    out = (spans.astype(np.int32), frags.astype(np.int32))
     for a in out:
         a.setflags(write=False)
     return out
