@@ -163,6 +163,55 @@ def test_coefficient_vectors() -> None:
     assert bicubic_coefficients(3, 8).k[0, :2].tolist() == [4619925, -425621]
 
 
+def _pillow_coefficients_loop(
+    in_size: int, out_size: int
+) -> tuple[list[int], list[int], list[list[int]]]:
+    """Pillow's ``precompute_coeffs`` and ``normalize_coeffs_8bpc`` transcribed output by
+    output, tap by tap, in Python floats (IEEE double, as the C code)."""
+
+    def cubic(x: float) -> float:
+        a = -0.5
+        x = abs(x)
+        if x < 1.0:
+            return ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0
+        if x < 2.0:
+            return (((x - 5.0) * x + 8.0) * x - 4.0) * a
+        return 0.0
+
+    scale = float(np.float32(in_size)) / out_size  # Pillow's box is float32
+    filterscale = max(scale, 1.0)
+    support = 2.0 * filterscale
+    xmins, counts, rows = [], [], []
+    for xx in range(out_size):
+        center = (xx + 0.5) * scale
+        lo = max(0, int(center - support + 0.5))
+        hi = min(in_size, int(center + support + 0.5))
+        w = [cubic((x + lo - center + 0.5) * (1.0 / filterscale)) for x in range(hi - lo)]
+        total = 0.0
+        for v in w:
+            total += v
+        if total != 0.0:
+            w = [v / total for v in w]
+        rows.append([int(v * (1 << 22) - 0.5) if v < 0 else int(v * (1 << 22) + 0.5) for v in w])
+        xmins.append(lo)
+        counts.append(hi - lo)
+    return xmins, counts, rows
+
+
+def test_vectorised_coefficients_equal_pillows_loop(rng: np.random.Generator) -> None:
+    # bicubic_coefficients computes all outputs at once; the bytes must be the loop's
+    pairs = [(1, 1), (1, 5), (5, 1), (2, 1), (3, 8), (7, 3), (30, 56), (97, 1000), (1000, 17)]
+    pairs += [(4000, 2073), (3000, 1460), (1536, 1344), (65535, 3), (5, 4096)]
+    pairs += [(int(a), int(b)) for a, b in rng.integers(1, 3000, (60, 2))]
+    for in_size, out_size in pairs:
+        c = bicubic_coefficients(in_size, out_size)
+        xmins, counts, rows = _pillow_coefficients_loop(in_size, out_size)
+        assert c.xmin.tolist() == xmins and c.n.tolist() == counts, (in_size, out_size)
+        for o, row in enumerate(rows):
+            assert c.k[o, : len(row)].tolist() == row, (in_size, out_size, o)
+            assert not c.k[o, len(row) :].any()
+
+
 def test_pass_order_rules() -> None:
     assert pass_order(1536, 1024, 1344, 896, (13, 0)) == "h_first"
     assert pass_order(1536, 1024, 1400, 600, (13, 0)) == "v_first"
