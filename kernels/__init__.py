@@ -3,8 +3,8 @@
 ``pixels.cu`` holds the kernels: a Pillow-exact BICUBIC resize (Q22 integer weights from
 the host, a uint8 intermediate, premultiplied RGBA) fused with the background composite,
 zero pad, normalise and patchify, tile by tile in shared memory, for many images of
-different sizes per launch; on compute capability 8.0+ the resize passes of RGB and gray
-images run exactly on the int8 tensor cores. ``resize`` and ``preprocess`` are the entry
+different sizes per launch; on compute capability 8.0+ the resize passes of images resized
+on both axes run exactly on the int8 tensor cores. ``resize`` and ``preprocess`` are the entry
 points; the CUDA ``Materializer`` backend uses ``preprocess_packed`` on the images it
 uploads. CuPy is needed only to launch (``mmwire[cuda12]`` / ``mmwire[cuda13]``).
 """

@@ -78,8 +78,9 @@ _SOLID = {"white": 255, "gray": 128, "black": 0}
 Kind = Literal["general", "plain", "mma"]
 KINDS: dict[Kind, int] = {"general": 0, "plain": 1, "mma": 2}
 """The fused kernel's kinds (``enum Kind`` in ``pixels.cu``): the general kernel; ``plain``
-for unresized TILED images (no resize code); ``mma`` for RGB or gray images resized on both
-axes with an even patch (the passes on the int8 tensor cores)."""
+for unresized TILED images (no resize code); ``mma`` for images resized on both axes with an
+even patch (the passes on the int8 tensor cores; RGBA premultiplied on staging and composited
+on the way out)."""
 MMA_TILE_PIXELS = (128, 128)
 """About how many canvas rows and columns one MMA tile covers (as ``TILE_PIXELS``)."""
 MMA_SMEM_BYTES = 71 * 1024
@@ -415,8 +416,8 @@ def layout_of(
     whole patches; an image whose tile window and intermediate fit ``tile_smem`` bytes works
     in shared memory (TILED); the others read global memory, with a global intermediate
     from pass 1 when they need two passes (as every image of a resize-only launch,
-    ``patch=0``). With ``tensor_cores`` (a device of compute capability 8.0 or more), RGB
-    and gray images resized on both axes take the MMA kernel when ``patch`` is even and
+    ``patch=0``). With ``tensor_cores`` (a device of compute capability 8.0 or more), images
+    resized on both axes (gray, RGB or RGBA) take the MMA kernel when ``patch`` is even and
     their tiles fit ``mma_smem`` bytes.
     """
     desc = np.zeros((len(jobs), len(FIELDS)), np.int64)
@@ -471,7 +472,7 @@ def layout_of(
         fit = None
         kind: Kind = "general"
         if patch and job.patches:
-            if tensor_cores and patch % 2 == 0 and job.ch in (1, 3) and p1 != _NONE:
+            if tensor_cores and patch % 2 == 0 and p1 != _NONE:
                 measure = _mma_measure(job, patch, p1 == _VERTICAL)
                 fit = _tile_for(job, patch, mma_smem, measure, MMA_TILE_PIXELS, True)
                 kind = "mma" if fit is not None else kind

@@ -26,7 +26,6 @@ _FUSED = {
     for bits, t in ((32, "unsigned int"), (16, "unsigned short"))
     for ch in (1, 3, 4)
     for kind, code in KINDS.items()
-    if not (kind == "mma" and ch == 4)
 }
 
 Dims = tuple[int, int]

@@ -4,8 +4,8 @@ Images are uint8 ``(H, W, C)`` (C = 1, 3 or 4 = RGBA) or ``(H, W)`` CUDA tensors
 arrays (taken through ``__cuda_array_interface__``, no copy). Many images of different
 sizes share each launch on torch's current stream: one fused launch per channel count and
 kind (unresized images go to a kernel without the resize code; on devices of compute
-capability 8.0+, RGB and gray images resized on both axes to one whose passes run on the
-int8 tensor cores), plus pass 1 for images too large to tile in shared memory; results
+capability 8.0+, images resized on both axes to one whose passes run on the int8 tensor
+cores), plus pass 1 for images too large to tile in shared memory; results
 are torch tensors.
 """
 

@@ -19,8 +19,8 @@
 //   * fused (compiled per channel count and kind, one launch per pair present) runs one
 //     block per output tile (a few patches) and reads its image from a per-tile table.
 //     PLAIN tiles (unresized) read each pixel run straight from the source, with word
-//     loads, and write each plane's run in one store. MMA tiles (RGB or gray resized on
-//     both axes) run both passes as int8 matrix products on the tensor cores (see "The
+//     loads, and write each plane's run in one store. MMA tiles (resized on both axes)
+//     run both passes as int8 matrix products on the tensor cores (see "The
 //     tensor-core resize" below). Otherwise (GENERAL) the block copies the tile's source
 //     window (the resize taps' halo included) into shared memory with coalesced loads,
 //     runs the first of two passes there into a shared intermediate, and the last pass,
@@ -567,7 +567,7 @@ __device__ __forceinline__ void plain_units(const u8* __restrict__ s0, i64 row, 
   }
 }
 
-// ---- The tensor-core resize (MMA tiles: RGB or gray, resized on both axes) ----
+// ---- The tensor-core resize (MMA tiles: gray, RGB or RGBA, resized on both axes) ----
 // A pass is a product of the Q22 weights (A: 16 outputs x k inputs) and pixel lines (B: k
 // inputs x 8 lines) on the int8 tensor cores, exactly: each weight is split into bytes,
 // w = b2 * 2^16 + b1 * 2^8 + b0 (b0, b1 unsigned, b2 signed since |w| < 2^23), and the three
@@ -805,25 +805,47 @@ __device__ __forceinline__ void store_pairs(u8* m, int pitch, const unsigned v[2
 // lines x 4 words a warp reads fall in 32 different banks.
 __device__ __forceinline__ int mma_pitch(int n) { return ((n + 15) & ~31) + 16; }
 
+// Four consecutive rows' words of one channel (byte e = column c + e) as four columns'
+// words (byte e = row 4 q + e): a 4 x 4 byte transpose.
+__device__ __forceinline__ void transpose4(const unsigned (&w)[4], unsigned (&t)[4]) {
+  const unsigned lo01 = __byte_perm(w[0], w[1], 0x5140), lo23 = __byte_perm(w[2], w[3], 0x5140);
+  const unsigned hi01 = __byte_perm(w[0], w[1], 0x7362), hi23 = __byte_perm(w[2], w[3], 0x7362);
+  t[0] = __byte_perm(lo01, lo23, 0x5410);
+  t[1] = __byte_perm(lo01, lo23, 0x7632);
+  t[2] = __byte_perm(hi01, hi23, 0x5410);
+  t[3] = __byte_perm(hi01, hi23, 0x7632);
+}
+
 // Four pixels of a source row from column c as one word a channel (byte e = pixel c + e),
-// for cols >= 4 and without a branch: 12 bytes for RGB with word loads; a group past `cols`
-// loads the row's last four pixels instead and shifts its own to the low bytes (the bytes
-// above are 0), so nothing past `cols` is read. WHOLE: the caller knows the four pixels are
-// in the image's row and start on a word (the group then takes three plain word loads).
+// for cols >= 4 and without a branch: 12 bytes for RGB (16 for RGBA) with word loads; a
+// group past `cols` loads the row's last four pixels instead and shifts its own to the low
+// bytes (the bytes above are 0), so nothing past `cols` is read. WHOLE: the caller knows
+// the four pixels are in the image's row and start on a word (the group then takes plain
+// word loads). RGBA comes premultiplied (an MMA tile's RGBA is always resized).
 template <int CH, bool WHOLE = false>
 __device__ __forceinline__ void load_planes(const u8* __restrict__ row, int c, int cols,
                                             unsigned (&w)[CH]) {
+  constexpr int NW = CH == 1 ? 1 : CH;  // words of four pixels
   const int at = WHOLE ? c : min(c, cols - 4);
-  unsigned x[CH == 1 ? 1 : 3];
+  unsigned x[NW];
   if constexpr (WHOLE) {
     const unsigned* p = (const unsigned*)(row + at * CH);
 #pragma unroll
-    for (int i = 0; i < (CH == 1 ? 1 : 3); ++i) x[i] = __ldg(p + i);
+    for (int i = 0; i < NW; ++i) x[i] = __ldg(p + i);
   } else {
-    load_words<CH == 1 ? 1 : 3>(row + at * CH, x);
+    load_words<NW>(row + at * CH, x);
   }
   if constexpr (CH == 1) {
     w[0] = x[0];
+  } else if constexpr (CH == 4) {  // a pixel a word: premultiplied, then bytes to planes
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      int v[4];
+      unpack_px<4>(x[i], v);
+      premultiply(v);
+      x[i] = pack_px<4>(v);
+    }
+    transpose4(x, w);
   } else {
     w[0] = __byte_perm(__byte_perm(x[0], x[1], 0x0630), x[2], 0x5210);
     w[1] = __byte_perm(__byte_perm(x[0], x[1], 0x0741), x[2], 0x6210);
@@ -836,19 +858,9 @@ __device__ __forceinline__ void load_planes(const u8* __restrict__ row, int c, i
   }
 }
 
-// Four consecutive rows' words of one channel (byte e = column c + e) as four columns'
-// words (byte e = row 4 q + e): a 4 x 4 byte transpose.
-__device__ __forceinline__ void transpose4(const unsigned (&w)[4], unsigned (&t)[4]) {
-  const unsigned lo01 = __byte_perm(w[0], w[1], 0x5140), lo23 = __byte_perm(w[2], w[3], 0x5140);
-  const unsigned hi01 = __byte_perm(w[0], w[1], 0x7362), hi23 = __byte_perm(w[2], w[3], 0x7362);
-  t[0] = __byte_perm(lo01, lo23, 0x5410);
-  t[1] = __byte_perm(lo01, lo23, 0x7632);
-  t[2] = __byte_perm(hi01, hi23, 0x5410);
-  t[3] = __byte_perm(hi01, hi23, 0x7632);
-}
 
-// One MMA tile (an RGB or gray image resized on both axes): patches (gy0 .. gy0 + nph) x
-// (gx0 .. gx0 + npw) of its canvas, computed whole (the rows and columns past the resized
+// One MMA tile (a gray, RGB or RGBA image resized on both axes): patches (gy0 .. gy0 + nph)
+// x (gx0 .. gx0 + npw) of its canvas, computed whole (the rows and columns past the resized
 // image get no weights, so they are the 0 padding). Blocks are whole warps. Shared memory:
 // the window planes (later the second pass's output planes) and the intermediate planes
 // (the weights come from global memory: load_weights). The first pass's lines are the
@@ -856,7 +868,8 @@ __device__ __forceinline__ void transpose4(const unsigned (&w)[4], unsigned (&t)
 // writes the intermediate with the other axis contiguous, so the second pass reads its
 // lines the same way. The second pass writes bytes, row-major in both orders; the patches
 // are written from them after a barrier, as units of 8 bytes (an unresized tile's way), not
-// by the lanes of the products.
+// by the lanes of the products. RGBA is premultiplied as it is staged (its alpha a fourth
+// plane), and unpremultiplied and composited as the patches are written.
 template <int CH, bool VFIRST, typename T>
 __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* d,
                                          const int* __restrict__ tab,
@@ -922,13 +935,14 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
     const unsigned magic = 0xffffffffu / (unsigned)groups + 1u;  // i / groups: i * groups < 2^32
     const u8* s = src + d[SRC_OFF] + ((i64)wy * in_w + wx) * CH;
     auto row_of = [&](int i) { return groups == 1 ? i : (int)__umulhi((unsigned)i, magic); };
-    if (uc < 4) {  // narrower than a word: byte by byte
+    if (uc < 4) {  // narrower than a word: pixel by pixel
       for (int i = tid; i < ur * uc; i += nt) {
         const int r = i / uc, c = i - r * uc;
+        int v[4];
+        load_px<CH>(s + ((i64)r * in_w + c) * CH, true, v);  // (premultiplies only RGBA)
 #pragma unroll
         for (int ch = 0; ch < CH; ++ch) {
-          win[ch * win_plane + (VFIRST ? c * wp + r : r * wp + c)] =
-              s[((i64)r * in_w + c) * CH + ch];
+          win[ch * win_plane + (VFIRST ? c * wp + r : r * wp + c)] = (u8)v[ch];
         }
       }
     } else if (VFIRST) {  // 4 rows x 4 columns a thread, transposed: a word a column
@@ -1024,7 +1038,8 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
   }
   __syncthreads();  // the tile's bytes are in place
   // through the normalise table into the patches, as an unresized tile (the rows and
-  // columns past the resized image came out 0: the padding)
+  // columns past the resized image came out 0: the padding; RGBA is unpremultiplied and
+  // composited first, inside the resized image only)
   T* o0 = out + (d[ROW] + (i64)gy0 * gw + gx0) * 3 * p * p;  // patch offsets are 32-bit
   const int pp = p * p;
   constexpr int U = UNIT_BYTES / sizeof(T);
@@ -1035,11 +1050,27 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
       int ry, cx;
       k.run_at(run, p, ry, cx);
       const u8* b = ob + ry * op + cx;
+      if constexpr (CH == 4) {
+        unsigned pair[4];
 #pragma unroll
-      for (int c = 0; c < 3; ++c) {  // gray fills all three planes
-        const unsigned pair = *(const unsigned short*)(b + (CH == 1 ? 0 : c * out_plane));
-        r[c][2 * run] = tb[256 * c + (pair & 255u)];
-        r[c][2 * run + 1] = tb[256 * c + (pair >> 8)];
+        for (int c = 0; c < 4; ++c) pair[c] = *(const unsigned short*)(b + c * out_plane);
+        const int y = gy0 * p + ry, x = gx0 * p + cx;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          int v[4], rgb[3] = {0, 0, 0};
+#pragma unroll
+          for (int c = 0; c < 4; ++c) v[c] = (int)((pair[c] >> (8 * i)) & 255u);
+          if (y < (int)d[OUT_H] && x + i < (int)d[OUT_W]) to_rgb<4>(d, y, x + i, v, rgb);
+#pragma unroll
+          for (int c = 0; c < 3; ++c) r[c][2 * run + i] = tb[256 * c + rgb[c]];
+        }
+      } else {
+#pragma unroll
+        for (int c = 0; c < 3; ++c) {  // gray fills all three planes
+          const unsigned pair = *(const unsigned short*)(b + (CH == 1 ? 0 : c * out_plane));
+          r[c][2 * run] = tb[256 * c + (pair & 255u)];
+          r[c][2 * run + 1] = tb[256 * c + (pair >> 8)];
+        }
       }
     }
     T* o = o0 + k.offset(p, gw);
@@ -1205,8 +1236,8 @@ __device__ __forceinline__ void fused_tile(const u8* __restrict__ src, const u8*
 // per tile, one launch per channel count and kind (tile_image names each tile's image; this
 // launch's tiles start at first_tile). KIND: GENERAL (any block shape, (p / 2, 256 / (p / 2))
 // on the GPU for an even p, (p, 256 / p) for an odd one), PLAIN (unresized TILED images
-// only: no resize code, no window), MMA (RGB or gray resized on both axes, either pass
-// order, p even: the tensor-core passes; blocks of whole warps, (32, 8) on the GPU).
+// only: no resize code, no window), MMA (resized on both axes, either pass order, p
+// even: the tensor-core passes; blocks of whole warps, (32, 8) on the GPU).
 // Dynamic shared memory: the largest TILED window plus intermediate of the launch (none for
 // PLAIN). T is the output's bit pattern (32 or 16 bits).
 // Blocks have at most FUSED_THREADS threads; asking for a number of resident blocks a
@@ -1238,7 +1269,6 @@ __global__ void __launch_bounds__(FUSED_THREADS, KIND == PLAIN ? FUSED_PLAIN_MIN
   const int tile = t - (int)d[TILE_START];
   const T* image_table = table + d[TABLE];  // each image's starts at a multiple of 768 values
   if constexpr (KIND == MMA) {  // copies the table itself, with its spans
-    static_assert(CH != 4, "MMA tiles are RGB or gray");
     if (d[PASS1] == 2) {  // vertical first
       mma_tile<CH, true, T>(src, d, tab, image_table, tb, out, tile, p, (u8*)dynamic_smem());
     } else {
@@ -1266,7 +1296,8 @@ __global__ void __launch_bounds__(FUSED_THREADS, KIND == PLAIN ? FUSED_PLAIN_MIN
   MMWIRE_FUSED(T, 3, 1)     \
   MMWIRE_FUSED(T, 4, 1)     \
   MMWIRE_FUSED(T, 1, 2)     \
-  MMWIRE_FUSED(T, 3, 2)
+  MMWIRE_FUSED(T, 3, 2)     \
+  MMWIRE_FUSED(T, 4, 2)
 MMWIRE_FUSED_ALL(unsigned int)
 MMWIRE_FUSED_ALL(unsigned short)
 #endif

@@ -51,10 +51,18 @@ def case(name: str, rng: np.random.Generator) -> Items:
         return [(u8(h, w, 1), SMALL) for h, w in ((123, 99), (60, 250))]
     if name == "pass_order_flip":  # tall: vertical first under Pillow >= 13
         return [(u8(h, w, c), SMALL) for h, w, c in ((400, 45, 3), (301, 80, 4), (150, 40, 1))]
-    if name == "tiny_and_extreme":
+    if name == "tiny_and_extreme":  # the last two: resized tiles under 4 source columns
         return [
             (u8(h, w, c), SMALL)
-            for h, w, c in ((1, 1, 3), (2, 3, 4), (5, 1500, 3), (1500, 5, 3), (1, 900, 1))
+            for h, w, c in (
+                (1, 1, 3),
+                (2, 3, 4),
+                (5, 1500, 3),
+                (1500, 5, 3),
+                (1, 900, 1),
+                (5000, 3, 4),
+                (4600, 3, 3),
+            )
         ]
     if name == "mixed_configs":
         return [

@@ -177,13 +177,14 @@ def test_layout_groups_tiles_by_channels_for_one_launch_each() -> None:
     mixed = layout_of((rgb, down, rgb), (13, 0), 14)
     assert mixed.tile_groups == ((3, "general", 0, 1), (3, "plain", 1, 2))
     assert mixed.tile_image.tolist() == [1, 0, 2]
-    # with tensor cores both resized RGB images take the MMA kernel (the tall one passes
-    # vertically first); RGBA and an odd patch still take the general one
+    # with tensor cores the resized RGB images take the MMA kernel (the tall one passes
+    # vertically first), and so does RGBA, in a launch of its own; an odd patch still takes
+    # the general one
     tall = ImageJob(in_w=30, in_h=100, ch=3, out_w=28, out_h=56, patches=8, grid_w=2)
     rgba_down = ImageJob(in_w=80, in_h=40, ch=4, out_w=56, out_h=28, patches=8, grid_w=4)
     cores = layout_of((rgb, down, tall, rgba_down), (13, 0), 14, tensor_cores=True)
     assert [r[FIELDS.index("PASS1")] for r in cores.desc[1:3]] == [1, 2]
-    assert [g[:2] for g in cores.tile_groups] == [(3, "plain"), (3, "mma"), (4, "general")]
+    assert [g[:2] for g in cores.tile_groups] == [(3, "plain"), (3, "mma"), (4, "mma")]
     _, _, first, count = cores.tile_groups[1]
     assert set(cores.tile_image[first : first + count].tolist()) == {1, 2}
     assert cores.mma_smem_bytes > 0

@@ -78,6 +78,7 @@ static void fused_any(const unsigned* grid, const unsigned* block, const u8* src
     if (ch == 4 && kind == PLAIN) launch(fused<T, 4, PLAIN>);
     if (ch == 1 && kind == MMA) launch(fused<T, 1, MMA>);
     if (ch == 3 && kind == MMA) launch(fused<T, 3, MMA>);
+    if (ch == 4 && kind == MMA) launch(fused<T, 4, MMA>);
   });
 }
 
