@@ -152,12 +152,21 @@ __device__ __forceinline__ void resized_px(const u8* __restrict__ src, const u8*
   }
 }
 
-// Undo the premultiplication exactly as Pillow's RGBa -> RGBA (truncating division).
+// a / b rounded down, for 0 <= a < 2^21 and b > 0, through the float reciprocal: (a + 0.5)
+// / b lies at least 0.5 / b from an integer, and __fdividef is off by at most 2^-22 of it
+// (2 ulp), less than that distance while a + 0.5 < 2^21, so the truncation is exact. Five
+// instructions where the integer division takes fourteen.
+__device__ __forceinline__ int div_small(int a, int b) {
+  return (int)__fdividef((float)a + 0.5f, (float)b);
+}
+
+// Undo the premultiplication exactly as Pillow's RGBa -> RGBA (truncating division; 255 v
+// is at most 65025, so div_small is exact).
 __device__ __forceinline__ void unpremultiply(const i64* __restrict__ d, int v[4]) {
   const int a = v[3];
   if (d[PREMUL] != 0 && a != 0 && a != 255) {
 #pragma unroll
-    for (int c = 0; c < 3; ++c) v[c] = min(255, (255 * v[c]) / a);
+    for (int c = 0; c < 3; ++c) v[c] = min(255, div_small(255 * v[c], a));
   }
 }
 
@@ -329,14 +338,6 @@ template <int N>
 struct Int {
   static constexpr int value = N;
 };
-
-// a / b rounded down, for 0 <= a < 2^21 and b > 0, through the float reciprocal: (a + 0.5)
-// / b lies at least 0.5 / b from an integer, and __fdividef is off by at most 2^-22 of it
-// (2 ulp), less than that distance while a + 0.5 < 2^21, so the truncation is exact. Five
-// instructions where the integer division takes fourteen.
-__device__ __forceinline__ int div_small(int a, int b) {
-  return (int)__fdividef((float)a + 0.5f, (float)b);
-}
 
 #ifndef MMWIRE_HOST_SHIM
 __device__ __forceinline__ unsigned* dynamic_smem() {
