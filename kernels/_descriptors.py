@@ -271,15 +271,22 @@ def _mma_pitch(n: int) -> int:
     return ((n + 15) & ~31) + 16
 
 
-def _mma_reach(c: Any, size: int, starts: Any, blocks: int) -> tuple[int, int]:
-    """For tiles whose outputs start at ``starts``: the most inputs their ``blocks``
-    M-blocks of 16 outputs use, from the first one's first tap aligned down to 4, and the
-    most 32-input steps of one block (``span_of`` and ``last_tap`` in ``pixels.cu``)."""
-    o0 = np.asarray(starts)[:, None] + 16 * np.arange(blocks)[None, :]
+def _block_spans(c: Any, size: int, o0: Any) -> tuple[Any, Any, Any]:
+    """For tiles whose M-blocks of 16 outputs start at ``o0`` (tiles, blocks), clipped to the
+    axis: each block's first tap aligned down to 4 and its 32-input steps (``Span`` in
+    ``pixels.cu``), and per tile the inputs its blocks use from its first block's tap."""
     first, last = np.minimum(o0, size - 1), np.minimum(o0 + 15, size - 1)
     at = c.xmin[first] & ~3
     steps = (c.xmin[last] + c.n[last] - at + 31) >> 5
     used = c.xmin[last[:, -1]] + c.n[last[:, -1]] - at[:, 0]
+    return at, steps, used
+
+
+def _mma_reach(c: Any, size: int, starts: Any, blocks: int) -> tuple[int, int]:
+    """For tiles whose outputs start at ``starts``: the most inputs their ``blocks``
+    M-blocks use and the most 32-input steps of one block (``_block_spans``)."""
+    o0 = np.asarray(starts)[:, None] + 16 * np.arange(blocks)[None, :]
+    _, steps, used = _block_spans(c, size, o0)
     return int(used.max()), int(steps.max())
 
 
@@ -359,14 +366,7 @@ def _mma_axis(
     mb = -(-tile // 16)
     # (tiles, mb): each block's first output (int32, as everything below: a third less time)
     o0 = np.arange(tiles, dtype=np.int32)[:, None] * tile + 16 * np.arange(mb, dtype=np.int32)
-
-    def tap_end(o: Any) -> Any:  # one past the last input output o reads (o clipped)
-        o = np.minimum(o, out_size - 1)
-        return c.xmin[o] + c.n[o]
-
-    at = c.xmin[np.minimum(o0, out_size - 1)] & ~3
-    steps = (tap_end(o0 + 15) - at + 31) >> 5
-    used = tap_end(o0[:, -1] + 15) - at[:, 0]  # (a short last tile's blocks reach the end)
+    at, steps, used = _block_spans(c, out_size, o0)  # (a short last tile's reach the end)
     spans = np.concatenate([used[:, None], np.stack([at, steps], axis=2).reshape(tiles, -1)], 1)
     lane = np.arange(32, dtype=np.int32)
     r = np.arange(4, dtype=np.int32)
