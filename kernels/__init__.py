@@ -10,6 +10,7 @@ uploads. CuPy is needed only to launch (``mmwire[cuda12]`` / ``mmwire[cuda13]``)
 """
 
 from ._descriptors import FIELDS as FIELDS
+from ._descriptors import RECORD_FIELDS as RECORD_FIELDS
 from ._descriptors import ImageJob as ImageJob
 from ._descriptors import Layout as Layout
 from ._descriptors import layout_of as layout_of
@@ -24,6 +25,7 @@ from ._ops import resize_packed as resize_packed
 
 __all__ = [
     "FIELDS",
+    "RECORD_FIELDS",
     "SOURCE",
     "CupyLauncher",
     "ImageJob",

@@ -19,6 +19,7 @@ __all__ = [
     "FIELDS",
     "KINDS",
     "MMA_SMEM_BYTES",
+    "RECORD_FIELDS",
     "TILE_PIXELS",
     "TILE_SMEM_BYTES",
     "ImageJob",
@@ -72,6 +73,33 @@ FIELDS: tuple[str, ...] = (
     "Y_SPANS",
 )
 _F = {name: i for i, name in enumerate(FIELDS)}
+RECORD_FIELDS: tuple[str, ...] = (
+    "R_IMAGE",
+    "R_SRC_LO",
+    "R_SRC_HI",
+    "R_ROW_BYTES",
+    "R_USED_W",
+    "R_USED_H",
+    "R_X_SPANS",
+    "R_Y_SPANS",
+    "R_X_WORDS",
+    "R_Y_WORDS",
+    "R_TILE_H",
+    "R_TILE_W",
+    "R_GY0",
+    "R_GX0",
+    "R_PATCH",
+    "R_GRID_W",
+    "R_TABLE",
+    "R_FLAGS",
+    "R_PAD0",
+    "R_PAD1",
+)
+"""An MMA tile's record (``enum Record`` in ``pixels.cu``): what its block would otherwise
+work out from the descriptor and the spans before it could stage its window, so staging
+starts after one load."""
+_R = {name: i for i, name in enumerate(RECORD_FIELDS)}
+_TWO_STEPS, _V_FIRST, _WHOLE = 1, 2, 4  # R_FLAGS
 _NONE, _HORIZONTAL, _VERTICAL = 0, 1, 2
 _SOLID = {"white": 255, "gray": 128, "black": 0}
 
@@ -146,6 +174,9 @@ class Layout:
     out_width: int
     tile_image: np.ndarray[Any, np.dtype[np.int32]]
     """The image of each tile of the fused launches (tiles of one image are consecutive)."""
+    tile_records: np.ndarray[Any, np.dtype[np.int32]]
+    """``(MMA tiles, len(RECORD_FIELDS))``: the MMA launches' tile records, in tile order (a
+    launch reads its own from its first)."""
     tile_groups: tuple[tuple[int, Kind, int, int], ...]
     """One fused launch per channel count and kind: ``(channels, kind, first tile, tiles)``."""
     smem_bytes: int
@@ -388,6 +419,78 @@ def _mma_axis(
     return out
 
 
+_FRAGMENT_WORDS = 3 * _MMA_STEPS * 32 * 4
+"""``MMA_FRAGMENT_WORDS`` in ``pixels.cu``: the A words of one M-block."""
+
+
+def _mma_records(
+    job: ImageJob, image: int, row: np.ndarray[Any, np.dtype[np.int64]], patch: int
+) -> np.ndarray[Any, np.dtype[np.int32]]:
+    """An MMA image's tile records (``RECORD_FIELDS``), in tile order, from its descriptor
+    ``row``: where each tile's window starts in the source and what of it the taps use, its
+    spans and fragments, its patches and its flags (``_TWO_STEPS``: a used M-block takes two
+    32-input steps; ``_V_FIRST``; ``_WHOLE``: the window's rows start on a word and its
+    groups of four pixels lie inside the image, so staging takes plain word loads)."""
+
+    def f(name: str) -> int:
+        return int(row[_F[name]])
+
+    tph, tpw, tiles_w, grid_h, grid_w = (
+        f(n) for n in ("TILE_PH", "TILE_PW", "TILES_W", "GRID_H", "GRID_W")
+    )
+    tiles_h = -(-grid_h // tph)
+    xs, _ = _mma_axis(job.in_w, job.out_w, tpw * patch, tiles_w)
+    ys, _ = _mma_axis(job.in_h, job.out_h, tph * patch, tiles_h)
+    k = np.arange(tiles_w * tiles_h, dtype=np.int64)
+    trow, tcol = k // tiles_w, k % tiles_w
+    gy0, gx0 = trow * tph, tcol * tpw
+    nph, npw = np.minimum(tph, grid_h - gy0), np.minimum(tpw, grid_w - gx0)
+
+    def two_steps(spans: np.ndarray[Any, Any], at: Any, tile_px: Any) -> Any:
+        steps = spans[at, 2::2]  # each block's, of the tile's row or column
+        used = np.arange(steps.shape[1])[None, :] < ((tile_px * patch + 15) // 16)[:, None]
+        return ((steps > 1) & used).any(axis=1)
+
+    wx, wy = xs[tcol, 1].astype(np.int64), ys[trow, 1].astype(np.int64)
+    uc, ur = xs[tcol, 0], ys[trow, 0]
+    src = f("SRC_OFF") + (wy * job.in_w + wx) * job.ch
+    row_bytes = job.in_w * job.ch
+    whole = (((src | row_bytes) & 3) == 0) & (wx + 4 * ((uc + 3) >> 2) <= job.in_w)
+    flags = (
+        (two_steps(xs, tcol, npw) | two_steps(ys, trow, nph)) * _TWO_STEPS
+        + (f("PASS1") == _VERTICAL) * _V_FIRST
+        + whole * _WHOLE
+    )
+    rec = np.zeros((k.size, len(RECORD_FIELDS)), np.int64)
+    values = {
+        "R_IMAGE": image,
+        "R_SRC_LO": src & 0xFFFFFFFF,
+        "R_SRC_HI": src >> 32,
+        "R_ROW_BYTES": row_bytes,
+        "R_USED_W": uc,
+        "R_USED_H": ur,
+        "R_X_SPANS": f("X_SPANS") + tcol * xs.shape[1] + 1,  # the first block's span
+        "R_Y_SPANS": f("Y_SPANS") + trow * ys.shape[1] + 1,
+        "R_X_WORDS": f("X_WORDS") + tcol * (xs.shape[1] // 2) * _FRAGMENT_WORDS,
+        "R_Y_WORDS": f("Y_WORDS") + trow * (ys.shape[1] // 2) * _FRAGMENT_WORDS,
+        "R_TILE_H": nph,
+        "R_TILE_W": npw,
+        "R_GY0": gy0,
+        "R_GX0": gx0,
+        "R_PATCH": f("ROW") + gy0 * grid_w + gx0,
+        "R_GRID_W": grid_w,
+        "R_TABLE": f("TABLE"),
+        "R_FLAGS": flags,
+    }
+    for name, value in values.items():
+        rec[:, _R[name]] = value
+    signed = np.delete(rec, _R["R_SRC_LO"], axis=1)  # the low word is unsigned
+    if rec.min(initial=0) < 0 or signed.max(initial=0) >= 2**31:
+        raise ValueError(f"cannot plan {job}: its tiles' offsets do not fit 32 bits")
+    out: np.ndarray[Any, np.dtype[np.int32]] = rec.astype(np.uint32).view(np.int32)
+    return out
+
+
 def _bg_fields(bg: Background | None) -> tuple[int, int, int, int, int]:
     if bg is None:
         return 0, 1, 1, 0, 0
@@ -575,7 +678,11 @@ def layout_of(
             if at > first:
                 groups.append((ch, kind, first, at - first))
     tile_image = np.repeat(np.array(order, dtype=np.int32), [tiles_of[i] for i in order])
-    for a in (desc, tables, grids, tile_image):
+    records = np.zeros((0, len(RECORD_FIELDS)), np.int32)
+    mma_order = [i for i in order if kinds[i] == "mma" and tiles_of[i]]
+    if mma_order:
+        records = np.concatenate([_mma_records(jobs[i], i, desc[i], patch) for i in mma_order])
+    for a in (desc, tables, grids, tile_image, records):
         a.setflags(write=False)
     return Layout(
         desc=desc,
@@ -592,6 +699,7 @@ def layout_of(
         out_rows=out_rows,
         out_width=out_width,
         tile_image=tile_image,
+        tile_records=records,
         tile_groups=tuple(groups),
         smem_bytes=smem,
         mma_smem_bytes=mma_need,

@@ -83,7 +83,8 @@ class Launcher(Protocol):
     ) -> None:
         """Resize (or its last pass), composite, pad, normalise and patchify, per tile, for
         the tiles ``first_tile ..`` of images with ``channels`` channels and ``kind``
-        (``Layout.tile_groups``)."""
+        (``Layout.tile_groups``). ``tiles``: each tile's image (``Layout.tile_image``), or
+        for the MMA kind this launch's tile records (its rows of ``Layout.tile_records``)."""
 
 
 @cache

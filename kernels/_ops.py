@@ -22,7 +22,14 @@ import torch
 from mmwire.materialize._pipeline import _table
 from mmwire.transport import PreprocessSpec
 
-from ._descriptors import MMA_SMEM_BYTES, TILE_SMEM_BYTES, ImageJob, Layout, layout_of
+from ._descriptors import (
+    MMA_SMEM_BYTES,
+    RECORD_FIELDS,
+    TILE_SMEM_BYTES,
+    ImageJob,
+    Layout,
+    layout_of,
+)
 from ._launch import CupyLauncher, Dims, Launcher
 
 __all__ = ["pack", "preprocess", "preprocess_packed", "resize", "resize_packed"]
@@ -75,14 +82,13 @@ def pack(images: Sequence[Any]) -> tuple[torch.Tensor, list[Shape]]:
 
 
 @lru_cache(maxsize=64)
-def _uploaded(
-    layout: Layout, device: torch.device
-) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], Any]:
-    """A layout's ``(desc, tables, grids, tile_image)`` on ``device``: one pinned,
-    stream-ordered copy of one buffer, and the event that marks it done (``None`` on the CPU).
-    """
-    parts = (layout.desc, layout.grids, layout.tables, layout.tile_image)
-    # each part from a multiple of 16 bytes: the MMA kernel loads its fragments 16 at a time
+def _uploaded(layout: Layout, device: torch.device) -> tuple[tuple[torch.Tensor, ...], Any]:
+    """A layout's ``(desc, tables, grids, tile_image, tile_records)`` on ``device``: one
+    pinned, stream-ordered copy of one buffer, and the event that marks it done (``None`` on
+    the CPU)."""
+    parts = (layout.desc, layout.grids, layout.tables, layout.tile_image, layout.tile_records)
+    # each part from a multiple of 16 bytes: the MMA kernel loads its fragments and tile
+    # records 16 at a time
     raw = [a.reshape(-1).view(np.uint8) for a in parts]
     starts = np.cumsum([0] + [-(-r.size // 16) * 16 for r in raw]).tolist()
     flat = np.zeros(starts[-1], np.uint8)
@@ -96,19 +102,16 @@ def _uploaded(
         buf = host.pin_memory().to(device, non_blocking=True)
         done = torch.cuda.Event()  # type: ignore[no-untyped-call]
         done.record(torch.cuda.current_stream(device))
-    desc, grids, tab, tiles = (
-        buf[at : at + r.size].view(dtype)
-        for r, at, dtype in zip(raw, starts, (torch.int64, torch.int64, torch.int32, torch.int32))
+    dtypes = (torch.int64, torch.int64, torch.int32, torch.int32, torch.int32)
+    desc, grids, tab, tiles, records = (
+        buf[at : at + r.size].view(dtype) for r, at, dtype in zip(raw, starts, dtypes)
     )
-    grids = grids.view(-1, 3)
-    return (desc, tab, grids, tiles), done
+    return (desc, tab, grids.view(-1, 3), tiles, records.view(-1, len(RECORD_FIELDS))), done
 
 
-def _device_layout(
-    layout: Layout, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(desc, tables, grids, tile_image)`` views on ``device``, ordered before the current
-    stream's work."""
+def _device_layout(layout: Layout, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """``(desc, tables, grids, tile_image, tile_records)`` views on ``device``, ordered
+    before the current stream's work."""
     views, done = _uploaded(layout, device)
     if done is not None:
         torch.cuda.current_stream(device).wait_event(done)  # on the GPU; no host wait
@@ -260,7 +263,7 @@ def preprocess_packed(
     else:
         _check_out(out, jobs, p, dtype, device)  # everything is checked before any launch
     run = _launcher_for(device, launcher)
-    desc, tab, grids, tiles = _device_layout(layout, device)
+    desc, tab, grids, tiles, records = _device_layout(layout, device)
     table = _device_tables(plan.stats, dtype, device)
     # the global intermediate, when some image needs it (else the kernels never read it)
     mid = (
@@ -270,7 +273,12 @@ def preprocess_packed(
     run.pass1(*_row_grid(layout.mid_rows, layout.mid_width), src, mid, desc, tab, len(jobs))
     bits = _BITS[dtype]
     smem = {"general": layout.smem_bytes, "plain": 0, "mma": layout.mma_smem_bytes}
+    mma_tiles = 0  # records of the MMA launches before this one
     for channels, kind, first, count in layout.tile_groups:  # per channel count and kind
+        per_tile = tiles
+        if kind == "mma":  # an MMA launch reads its own tile records from its first
+            per_tile = records[mma_tiles : mma_tiles + count]
+            mma_tiles += count
         run.fused(
             bits,
             channels,
@@ -283,7 +291,7 @@ def preprocess_packed(
             desc,
             tab,
             table,
-            tiles,
+            per_tile,
             out.view(_STORAGE[bits]),
             p,
             first,
@@ -336,7 +344,7 @@ def resize_packed(
     _check_source(src, layout)
     device = src.device
     run = _launcher_for(device, launcher)
-    desc, tab, _, _ = _device_layout(layout, device)
+    desc, tab, *_ = _device_layout(layout, device)
     mid = torch.empty(max(layout.mid_bytes, 1), dtype=torch.uint8, device=device)
     dst = torch.empty(max(layout.out_bytes, 1), dtype=torch.uint8, device=device)
     run.pass1(*_row_grid(layout.mid_rows, layout.mid_width), src, mid, desc, tab, len(jobs))

@@ -77,6 +77,36 @@ enum Field {
   NF = 42
 };
 
+// An MMA tile's record (int32, built by the host's _mma_records): what its block would
+// otherwise work out from its image's descriptor and spans before it could stage its
+// window, so staging starts after one load. The order is mirrored in kernels/_descriptors.py.
+enum Record {
+  R_IMAGE = 0,        // the tile's image (its descriptor row)
+  R_SRC_LO = 1,       // byte offset in the source of the window's first pixel (low, high word)
+  R_SRC_HI = 2,
+  R_ROW_BYTES = 3,    // the image's source row, in bytes
+  R_USED_W = 4,       // the window's columns and rows the taps use
+  R_USED_H = 5,
+  R_X_SPANS = 6,      // int32 offset of the tile column's first M-block span (at, steps)
+  R_Y_SPANS = 7,      // the same, the tile row's
+  R_X_WORDS = 8,      // int32 offset of the tile column's first M-block A fragments
+  R_Y_WORDS = 9,      // the same, the tile row's
+  R_TILE_H = 10,      // the tile's patches down and across (short at the canvas's edges)
+  R_TILE_W = 11,
+  R_GY0 = 12,         // its first patch row and column in the canvas
+  R_GX0 = 13,
+  R_PATCH = 14,       // its first patch's output row
+  R_GRID_W = 15,      // patches per canvas row
+  R_TABLE = 16,       // element offset of its image's normalise table
+  R_FLAGS = 17,       // R_TWO_STEPS | R_V_FIRST | R_WHOLE
+  R_PAD0 = 18,        // (a record is five 16-byte loads)
+  R_PAD1 = 19,
+  NR = 20
+};
+#define R_TWO_STEPS 1  // some used M-block takes MMA_KS 32-input steps
+#define R_V_FIRST 2    // Pillow resizes this image vertically first
+#define R_WHOLE 4      // the window's rows start on a word and its groups lie in the image
+
 typedef long long i64;
 typedef unsigned long long u64;
 typedef unsigned char u8;
@@ -627,12 +657,6 @@ __device__ __forceinline__ unsigned sat_pair(int lo, int hi) {
 #define MMWIRE_SMEM_CHECK(bytes)
 #endif
 
-// The inputs one M-block (outputs o0 .. o0 + 15, clipped to the axis) reads: from its first
-// tap, aligned down to 4 (so a lane's 4 k values are one aligned word), `steps` of 32.
-struct Span {
-  int at, steps;
-};
-
 // Words of an M-block's A fragments (a block of the host's _mma_axis fragments): per byte
 // plane q and 32-input step s, 32 lanes x 4 words.
 #define MMA_FRAGMENT_WORDS (3 * MMA_KS * 32 * 4)
@@ -723,9 +747,11 @@ struct TaskWalk {
   }
 };
 
-// One pass of a tile: `blocks` M-blocks of 16 outputs (their spans; their A fragments from
-// frags on, MMA_FRAGMENT_WORDS a block) times CH channels x `lbs` N-blocks of 8 lines of
-// `in` (k = 0 at the first block's first input). Each warp takes a contiguous run of the
+// One pass of a tile: `blocks` M-blocks of 16 outputs (their spans, from the host's
+// _mma_axis: the inputs each block reads, (at, steps) int32 pairs: from its first tap
+// aligned down to 4, so a lane's 4 k values are one aligned word, `steps` of 32; their A
+// fragments from frags on, MMA_FRAGMENT_WORDS a block) times CH channels x `lbs` N-blocks of
+// 8 lines of `in` (k = 0 at the first block's first input). Each warp takes a contiguous run of the
 // (M-block, channel, N-block) tasks, counted without dividing; for each M-block of its run
 // it loads the block's weights (load_weights), and out_at(j) gives the lane's place for the
 // block's first task (a task's output is out_plane a channel and out_step an N-block on).
@@ -735,8 +761,8 @@ struct TaskWalk {
 // pairs: v[0] at output 16 j + g, lines 2 t (byte 0) and 2 t + 1 (byte 1) of the N-block;
 // v[1] at output 16 j + g + 8. KS: the most 32-input steps of the tile's blocks.
 template <int CH, int KS, typename OutAt, typename Done>
-__device__ __forceinline__ void mma_pass(const int* __restrict__ frags, const Span* spans,
-                                         int blocks, int lbs, const Lines& in, int out_plane,
+__device__ __forceinline__ void mma_pass(const int* __restrict__ frags,
+                                         const int* __restrict__ spans, int blocks, int lbs, const Lines& in, int out_plane,
                                          int out_step, OutAt out_at, Done done) {
   const int tid = threadIdx.y * blockDim.x + threadIdx.x;
   const int lane = tid & 31;
@@ -752,13 +778,14 @@ __device__ __forceinline__ void mma_pass(const int* __restrict__ frags, const Sp
   }
   TaskWalk w = {lb, c * in.plane + lb * in.step, c * out_plane + lb * out_step};
   const int in_wrap = in.plane - lbs * in.step, out_wrap = out_plane - lbs * out_step;
-  const u8* lane_in = in.base + (lane >> 2) * in.pitch + 4 * (lane & 3);  // its line, k words
+  const u8* lane_in = in.base + (lane >> 2) * in.pitch + 4 * (lane & 3) - __ldg(spans);
   for (int task = first; task < last; ++j) {
     const int n = min(last, (j + 1) * per_block) - task;  // the warp's tasks of block j
     task += n;
     unsigned a[3][KS][4];
     load_weights<KS>(frags + j * MMA_FRAGMENT_WORDS, lane, a);
-    const u8* l0 = lane_in + (spans[j].at - spans[0].at);
+    const int at = __ldg(spans + 2 * j), steps = __ldg(spans + 2 * j + 1);
+    const u8* l0 = lane_in + at;  // its line's k words of the block's first step
     u8* o0 = out_at(j);
     auto run = [&](auto most_steps) {
       constexpr int S = decltype(most_steps)::value;
@@ -785,7 +812,7 @@ __device__ __forceinline__ void mma_pass(const int* __restrict__ frags, const Sp
         done(o0 + w.out_off, v);
       }
     };
-    if (KS > 1 && spans[j].steps > 1) {  // the same for the whole warp
+    if (KS > 1 && steps > 1) {  // the same for the whole warp
       run(Int<KS>());
     } else {
       run(Int<1>());
@@ -860,64 +887,49 @@ __device__ __forceinline__ void load_planes(const u8* __restrict__ row, int c, i
 }
 
 
-// One MMA tile (a gray, RGB or RGBA image resized on both axes): patches (gy0 .. gy0 + nph)
-// x (gx0 .. gx0 + npw) of its canvas, computed whole (the rows and columns past the resized
-// image get no weights, so they are the 0 padding). Blocks are whole warps. Shared memory:
-// the window planes (later the second pass's output planes) and the intermediate planes
-// (the weights come from global memory: load_weights). The first pass's lines are the
-// window's rows (horizontal first) or columns (VFIRST: the window is staged transposed); it
-// writes the intermediate with the other axis contiguous, so the second pass reads its
-// lines the same way. The second pass writes bytes, row-major in both orders; the patches
-// are written from them after a barrier, as units of 8 bytes (an unresized tile's way), not
-// by the lanes of the products. RGBA is premultiplied as it is staged (its alpha a fourth
-// plane), and unpremultiplied and composited as the patches are written.
+// One MMA tile (a gray, RGB or RGBA image resized on both axes), from its record rec
+// (enum Record): patches (gy0 .. gy0 + nph) x (gx0 .. gx0 + npw) of its canvas, computed
+// whole (the rows and columns past the resized image get no weights, so they are the 0
+// padding). Blocks are whole warps. Shared memory: the window planes (later the second
+// pass's output planes) and the intermediate planes (the weights and spans come from global
+// memory: load_weights). The first pass's lines are the window's rows (horizontal first) or
+// columns (VFIRST: the window is staged transposed); it writes the intermediate with the
+// other axis contiguous, so the second pass reads its lines the same way. The second pass
+// writes bytes, row-major in both orders; the patches are written from them after a
+// barrier, as units of 8 bytes (an unresized tile's way), not by the lanes of the products.
+// RGBA is premultiplied as it is staged (its alpha a fourth plane), and unpremultiplied and
+// composited as the patches are written (with its descriptor, copied into d meanwhile).
 template <int CH, bool VFIRST, typename T>
-__device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* d,
+__device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* __restrict__ desc,
                                          const int* __restrict__ tab,
-                                         const T* __restrict__ table, T* tb,
-                                         T* __restrict__ out, int tile, int p, u8* sm) {
+                                         const T* __restrict__ table, const int (&rec)[NR], i64* d,
+                                         T* tb, T* __restrict__ out, int p, u8* sm) {
   const int tid = threadIdx.y * blockDim.x + threadIdx.x, nt = blockDim.x * blockDim.y;
   const int g = (tid & 31) >> 2, t = tid & 3;  // the lane's group and place in it
-  const int tiles_w = (int)d[TILES_W], tph = (int)d[TILE_PH], tpw = (int)d[TILE_PW];
-  const int gw = (int)d[GRID_W];
-  const int trow = (int)((unsigned)tile / (unsigned)tiles_w), tcol = tile - trow * tiles_w;
-  const int gy0 = trow * tph, gx0 = tcol * tpw;
-  const int nph = min(tph, (int)d[GRID_H] - gy0), npw = min(tpw, gw - gx0);  // its patches
+  const int nph = rec[R_TILE_H], npw = rec[R_TILE_W];  // its patches
   const int th = nph * p, tw = npw * p;
   const int my = (th + 15) >> 4, mx = (tw + 15) >> 4;  // M-blocks down and across
-  // the tile column's and row's spans and fragments (_mma_axis): mbx and mby M-blocks a
-  // whole tile, of which this one uses mx and my
-  const int mbx = (tpw * p + 15) >> 4, mby = (tph * p + 15) >> 4;
-  const int* rx = tab + (int)d[X_SPANS] + tcol * (1 + 2 * mbx);
-  const int* ry = tab + (int)d[Y_SPANS] + trow * (1 + 2 * mby);
-  const int* fx = tab + (int)d[X_WORDS] + tcol * mbx * MMA_FRAGMENT_WORDS;
-  const int* fy = tab + (int)d[Y_WORDS] + trow * mby * MMA_FRAGMENT_WORDS;
-  // the image's normalise table into tb as 8-byte words (in place after the spans' barrier):
-  // a thread's first two go out before the spans' loads, so the two wait together
+  // the tile column's and row's spans and fragments (_mma_axis), of which it uses mx and my
+  const int* sx = tab + rec[R_X_SPANS];
+  const int* sy = tab + rec[R_Y_SPANS];
+  const int* fx = tab + rec[R_X_WORDS];
+  const int* fy = tab + rec[R_Y_WORDS];
+  // the image's normalise table into tb as 8-byte words, and for RGBA its descriptor into
+  // d: loaded now, stored after the window's loads (the staging barrier covers them)
   constexpr int TW = (int)(3 * 256 * sizeof(T) / 8);
-  const u64* words = (const u64*)table;
+  const u64* words = (const u64*)(table + rec[R_TABLE]);
   const u64 tw0 = tid < TW ? words[tid] : 0, tw1 = tid + nt < TW ? words[tid + nt] : 0;
-  __shared__ Span spans[2][MMA_MAX_BLOCKS];  // the M-blocks' spans, across and down
-  bool two_steps = false;  // a block of this thread's needs MMA_KS = 2 steps
-  for (int j = tid; j < mx + my; j += nt) {
-    const int* r = j < mx ? rx + 1 + 2 * j : ry + 1 + 2 * (j - mx);
-    const Span sp = {r[0], r[1]};
-    (j < mx ? spans[0][j] : spans[1][j - mx]) = sp;
-    two_steps |= sp.steps > 1;
+  if constexpr (CH == 4) {
+    for (int i = tid; i < NF; i += nt) d[i] = desc[(i64)rec[R_IMAGE] * NF + i];
   }
-  if (tid < TW) ((u64*)tb)[tid] = tw0;
-  if (tid + nt < TW) ((u64*)tb)[tid + nt] = tw1;
-#pragma unroll 1
-  for (int i = tid + 2 * nt; i < TW; i += nt) ((u64*)tb)[i] = words[i];
-  const int ks = __syncthreads_or(two_steps) ? MMA_KS : 1;  // the most steps of any block
-  const int wx = spans[0][0].at, wy = spans[1][0].at;  // the window's origin
+  const int ks = (rec[R_FLAGS] & R_TWO_STEPS) ? MMA_KS : 1;  // the most steps of any block
   // the inputs the tile's taps use: only these are staged and passed. A product's last
   // step may read up to 32 ks bytes past them, into the next line or the slack after a
   // region; those inputs only ever meet weight 0
-  const int uc = rx[0], ur = ry[0];
+  const int uc = rec[R_USED_W], ur = rec[R_USED_H];
   // the first pass: its axis, M-blocks, lines (8-aligned) and inputs a line
   const int* f1 = VFIRST ? fy : fx;
-  const Span* s1 = spans[VFIRST ? 1 : 0];
+  const int* s1 = VFIRST ? sy : sx;
   const int m1 = VFIRST ? my : mx, lines1 = ((VFIRST ? uc : ur) + 7) & ~7;
   const int wp = mma_pitch(VFIRST ? ur : uc), mp = mma_pitch(lines1);
   const int win_plane = lines1 * wp, mid_plane = 16 * m1 * mp, slack = 32 * ks;
@@ -930,20 +942,20 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
   u8* mid = win + first + slack;
   MMWIRE_SMEM_CHECK(first + CH * mid_plane + 2 * slack);
   {  // the window's rows and columns that the taps use
-    const int in_w = (int)d[IN_W], groups = (uc + 3) >> 2;
+    const int rb = rec[R_ROW_BYTES], groups = (uc + 3) >> 2;
     const int quads = VFIRST ? (ur + 3) >> 2 : ur;  // row groups of one work item
     const int total = quads * groups;
     const unsigned magic = 0xffffffffu / (unsigned)groups + 1u;  // i / groups: i * groups < 2^32
-    const u8* s = src + d[SRC_OFF] + ((i64)wy * in_w + wx) * CH;
+    const u8* s = src + (i64)(((u64)(unsigned)rec[R_SRC_HI] << 32) | (unsigned)rec[R_SRC_LO]);
     auto row_of = [&](int i) { return groups == 1 ? i : (int)__umulhi((unsigned)i, magic); };
     if (uc < 4) {  // narrower than a word: pixel by pixel
       for (int i = tid; i < ur * uc; i += nt) {
-        const int r = i / uc, c = i - r * uc;
+        const int y = i / uc, c = i - y * uc;
         int v[4];
-        load_px<CH>(s + ((i64)r * in_w + c) * CH, true, v);  // (premultiplies only RGBA)
+        load_px<CH>(s + (i64)y * rb + c * CH, true, v);  // (premultiplies only RGBA)
 #pragma unroll
         for (int ch = 0; ch < CH; ++ch) {
-          win[ch * win_plane + (VFIRST ? c * wp + r : r * wp + c)] = (u8)v[ch];
+          win[ch * win_plane + (VFIRST ? c * wp + y : y * wp + c)] = (u8)v[ch];
         }
       }
     } else if (VFIRST) {  // 4 rows x 4 columns a thread, transposed: a word a column
@@ -952,7 +964,7 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
         unsigned w[4][CH];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {  // rows past the used ones repeat the last
-          load_planes<CH>(s + (i64)min(4 * q + e, ur - 1) * in_w * CH, c, uc, w[e]);
+          load_planes<CH>(s + (i64)min(4 * q + e, ur - 1) * rb, c, uc, w[e]);
         }
 #pragma unroll
         for (int ch = 0; ch < CH; ++ch) {
@@ -969,36 +981,39 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
               // end, a group repeats the last one: the same bytes to the same place)
       auto stage = [&](auto whole) {
         for (int i = tid; i < total; i += MMA_STAGE_GROUPS * nt) {
-          int r[MMA_STAGE_GROUPS], c[MMA_STAGE_GROUPS];
+          int y[MMA_STAGE_GROUPS], c[MMA_STAGE_GROUPS];
           unsigned w[MMA_STAGE_GROUPS][CH];
 #pragma unroll
           for (int e = 0; e < MMA_STAGE_GROUPS; ++e) {
             const int at = min(i + e * nt, total - 1);
-            r[e] = row_of(at);
-            c[e] = 4 * (at - r[e] * groups);
-            load_planes<CH, decltype(whole)::value == 1>(s + (i64)r[e] * in_w * CH, c[e], uc,
-                                                         w[e]);
+            y[e] = row_of(at);
+            c[e] = 4 * (at - y[e] * groups);
+            load_planes<CH, decltype(whole)::value == 1>(s + (i64)y[e] * rb, c[e], uc, w[e]);
           }
 #pragma unroll
           for (int e = 0; e < MMA_STAGE_GROUPS; ++e) {
 #pragma unroll
             for (int ch = 0; ch < CH; ++ch) {
-              *(unsigned*)(win + ch * win_plane + r[e] * wp + c[e]) = w[e][ch];
+              *(unsigned*)(win + ch * win_plane + y[e] * wp + c[e]) = w[e][ch];
             }
           }
         }
       };
       // rows that start on a word, and every group inside the image (not only the window):
-      // plain word loads (the usual case away from an image's right edge)
-      if ((((unsigned long long)s | (unsigned)(in_w * CH)) & 3) == 0 &&
-          wx + 4 * groups <= in_w) {
+      // plain word loads (the usual case away from an image's right edge; the host checks
+      // the offsets, the source's start is checked here)
+      if ((rec[R_FLAGS] & R_WHOLE) && ((unsigned long long)src & 3) == 0) {
         stage(Int<1>());
       } else {
         stage(Int<0>());
       }
     }
   }
-  __syncthreads();  // the window (and the block's normalise table) is in place
+  if (tid < TW) ((u64*)tb)[tid] = tw0;
+  if (tid + nt < TW) ((u64*)tb)[tid + nt] = tw1;
+#pragma unroll 1
+  for (int i = tid + 2 * nt; i < TW; i += nt) ((u64*)tb)[i] = words[i];
+  __syncthreads();  // the window, the block's normalise table (and RGBA's d) are in place
   // the passes, compiled for tiles of one and of two 32-input steps (fewer registers for one)
   auto passes = [&](auto most_steps) {
     constexpr int KS = decltype(most_steps)::value;
@@ -1014,14 +1029,14 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
       // vertical: output rows (M) times 8 columns of a channel (N): a lane's two pixels of
       // a row are neighbours, stored as a pair
       mma_pass<CH, KS>(
-          fy, spans[1], my, (tw + 7) >> 3, in2, out_plane, 8,
+          fy, sy, my, (tw + 7) >> 3, in2, out_plane, 8,
           [&](int i) { return ob + (16 * i + g) * op + 2 * t; },
           [&](u8* m, const unsigned v[2]) { store_pairs(m, op, v); });
     } else {
       // horizontal: output columns (M) times 8 rows of a channel (N): a lane's two pixels
       // are in neighbouring rows, stored one by one
       mma_pass<CH, KS>(
-          fx, spans[0], mx, (th + 7) >> 3, in2, out_plane, 8 * op,
+          fx, sx, mx, (th + 7) >> 3, in2, out_plane, 8 * op,
           [&](int j) { return ob + 2 * t * op + 16 * j + g; },
           [&](u8* m, const unsigned v[2]) {
 #pragma unroll
@@ -1041,8 +1056,8 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
   // through the normalise table into the patches, as an unresized tile (the rows and
   // columns past the resized image came out 0: the padding; RGBA is unpremultiplied and
   // composited first, inside the resized image only)
-  T* o0 = out + (d[ROW] + (i64)gy0 * gw + gx0) * 3 * p * p;  // patch offsets are 32-bit
-  const int pp = p * p;
+  T* o0 = out + (i64)rec[R_PATCH] * 3 * p * p;  // patch offsets are 32-bit
+  const int pp = p * p, gw = rec[R_GRID_W];
   constexpr int U = UNIT_BYTES / sizeof(T);
   for (Units<U> k(p, npw); k.ky < nph; k.next(npw)) {
     T r[3][U];
@@ -1055,7 +1070,7 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
         unsigned pair[4];
 #pragma unroll
         for (int c = 0; c < 4; ++c) pair[c] = *(const unsigned short*)(b + c * out_plane);
-        const int y = gy0 * p + ry, x = gx0 * p + cx;
+        const int y = rec[R_GY0] * p + ry, x = rec[R_GX0] * p + cx;
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           int v[4], rgb[3] = {0, 0, 0};
@@ -1234,8 +1249,8 @@ __device__ __forceinline__ void fused_tile(const u8* __restrict__ src, const u8*
 
 // The whole pixel pipeline (after resize_pass1 for images that are not TILED): resize,
 // composite, zero pad, normalise and patchify into (sum patches, 3, p, p). Grid: one block
-// per tile, one launch per channel count and kind (tile_image names each tile's image; this
-// launch's tiles start at first_tile). KIND: GENERAL (any block shape, (p / 2, 256 / (p / 2))
+// per tile, one launch per channel count and kind (`tiles` names each tile's image, this
+// launch's from first_tile; for MMA, `tiles` holds this launch's tile records, enum Record). KIND: GENERAL (any block shape, (p / 2, 256 / (p / 2))
 // on the GPU for an even p, (p, 256 / p) for an odd one), PLAIN (unresized TILED images
 // only: no resize code, no window), MMA (resized on both axes, either pass order, p
 // even: the tensor-core passes; blocks of whole warps, (32, 8) on the GPU).
@@ -1257,31 +1272,41 @@ __global__ void __launch_bounds__(FUSED_THREADS, KIND == PLAIN ? FUSED_PLAIN_MIN
                                                                : FUSED_MIN_BLOCKS)
     fused(const u8* __restrict__ src, const u8* __restrict__ mid, const i64* __restrict__ desc,
           const int* __restrict__ tab, const T* __restrict__ table,
-          const int* __restrict__ tile_image, T* __restrict__ out, int p, int first_tile) {
+          const int* __restrict__ tiles, T* __restrict__ out, int p, int first_tile) {
   __shared__ i64 d[NF];
   __shared__ __align__(8) T tb[3 * 256];
+  if constexpr (KIND == MMA) {  // its record (five 16-byte loads), then straight to staging
+    int rec[NR];
+    const uint4* at = (const uint4*)tiles + (i64)blockIdx.x * (NR / 4);
+#pragma unroll
+    for (int i = 0; i < NR / 4; ++i) {
+      const uint4 w = __ldg(at + i);
+      rec[4 * i] = (int)w.x;
+      rec[4 * i + 1] = (int)w.y;
+      rec[4 * i + 2] = (int)w.z;
+      rec[4 * i + 3] = (int)w.w;
+    }
+    u8* sm = (u8*)dynamic_smem();
+    if (rec[R_FLAGS] & R_V_FIRST) {
+      mma_tile<CH, true, T>(src, desc, tab, table, rec, d, tb, out, p, sm);
+    } else {
+      mma_tile<CH, false, T>(src, desc, tab, table, rec, d, tb, out, p, sm);
+    }
+    return;
+  }
   const int tid = threadIdx.y * blockDim.x + threadIdx.x;
   const int nt = blockDim.x * blockDim.y;
   const int t = first_tile + (int)blockIdx.x;
-  const i64 image = tile_image[t];
+  const i64 image = tiles[t];
 #pragma unroll 1
   for (int i = tid; i < NF; i += nt) d[i] = desc[image * NF + i];
   __syncthreads();
   const int tile = t - (int)d[TILE_START];
-  const T* image_table = table + d[TABLE];  // each image's starts at a multiple of 768 values
-  if constexpr (KIND == MMA) {  // copies the table itself, with its spans
-    if (d[PASS1] == 2) {  // vertical first
-      mma_tile<CH, true, T>(src, d, tab, image_table, tb, out, tile, p, (u8*)dynamic_smem());
-    } else {
-      mma_tile<CH, false, T>(src, d, tab, image_table, tb, out, tile, p, (u8*)dynamic_smem());
-    }
-  } else {
-    // the table as 8-byte words
-    const u64* tw = (const u64*)image_table;
+  // the table as 8-byte words (each image's starts at a multiple of 768 values)
+  const u64* tw = (const u64*)(table + d[TABLE]);
 #pragma unroll 1
-    for (int i = tid; i < (int)(3 * 256 * sizeof(T) / 8); i += nt) ((u64*)tb)[i] = tw[i];
-    fused_tile<CH, KIND == PLAIN, T>(src, mid, d, tab, tb, out, tile, p, dynamic_smem());
-  }
+  for (int i = tid; i < (int)(3 * 256 * sizeof(T) / 8); i += nt) ((u64*)tb)[i] = tw[i];
+  fused_tile<CH, KIND == PLAIN, T>(src, mid, d, tab, tb, out, tile, p, dynamic_smem());
 }
 
 #ifndef __CUDACC_RTC__

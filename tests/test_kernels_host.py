@@ -18,6 +18,7 @@ from host_kernels import HostLauncher, build
 from kernel_cases import CASES, DTYPES, SMALL, case, differing, kernels, reference
 from mmwire.kernels import (
     FIELDS,
+    RECORD_FIELDS,
     SOURCE,
     ImageJob,
     _ops,
@@ -47,6 +48,84 @@ def test_descriptor_fields_match_the_cuda_enum() -> None:
     assert [name for name, _ in pairs[:-1]] == list(FIELDS)
     assert [int(v) for _, v in pairs[:-1]] == list(range(len(FIELDS)))
     assert pairs[-1] == ("NF", str(len(FIELDS)))
+
+
+def test_tile_record_fields_match_the_cuda_enum() -> None:
+    body = re.search(r"enum Record \{(.*?)\};", SOURCE.read_text(), re.S)
+    assert body is not None
+    pairs = re.findall(r"(\w+) = (\d+)", body.group(1))
+    assert [name for name, _ in pairs[:-1]] == list(RECORD_FIELDS)
+    assert [int(v) for _, v in pairs[:-1]] == list(range(len(RECORD_FIELDS)))
+    assert pairs[-1] == ("NR", str(len(RECORD_FIELDS))) and len(RECORD_FIELDS) % 4 == 0
+
+
+def test_tile_records_say_where_each_mma_tile_reads_and_writes() -> None:
+    # odd widths (rows not on a word) and one of whole words, RGBA (rows on words, its
+    # last groups past the image), a tall image passed vertically first, a 0.4
+    # downscale (two 32-input steps a block) and one of 0.9 (one), after an unresized image
+    jobs = (
+        ImageJob(in_w=397, in_h=99, ch=4, out_w=159, out_h=40, patches=36, grid_w=12),
+        ImageJob(in_w=140, in_h=352, ch=1, out_w=56, out_h=140, patches=40, grid_w=4, row=500),
+        ImageJob(in_w=56, in_h=28, ch=3, out_w=56, out_h=28, patches=8, grid_w=4),
+        ImageJob(in_w=301, in_h=203, ch=3, out_w=271, out_h=183, patches=280, grid_w=20),
+    )
+    layout = layout_of(jobs, (13, 0), 14, tensor_cores=True)
+    assert [g[:2] for g in layout.tile_groups] == [(1, "mma"), (3, "plain"), (3, "mma"), (4, "mma")]
+    mma = [
+        t
+        for _, kind, first, n in layout.tile_groups
+        if kind == "mma"
+        for t in range(first, first + n)
+    ]
+    assert len(layout.tile_records) == len(mma)
+    f, tab, seen = FIELDS.index, layout.tables, set()
+    for t, rec in zip(mma, layout.tile_records.astype(np.int64)):
+        r = dict(zip(RECORD_FIELDS, rec))
+        image = int(layout.tile_image[t])
+        d, job = layout.desc[image], jobs[image]
+        tile = t - d[f("TILE_START")]
+        trow, tcol = divmod(int(tile), int(d[f("TILES_W")]))
+        gy0, gx0 = trow * d[f("TILE_PH")], tcol * d[f("TILE_PW")]
+        assert (r["R_IMAGE"], r["R_GY0"], r["R_GX0"]) == (image, gy0, gx0)
+        assert r["R_PATCH"] == d[f("ROW")] + gy0 * job.grid_w + gx0
+        assert (r["R_TABLE"], r["R_GRID_W"]) == (d[f("TABLE")], job.grid_w)
+        assert r["R_TILE_H"] == min(d[f("TILE_PH")], d[f("GRID_H")] - gy0)
+        assert r["R_TILE_W"] == min(d[f("TILE_PW")], job.grid_w - gx0)
+        # the window: inside the image, from each axis's first M-block's first tap
+        at = ((r["R_SRC_HI"] << 32) | (r["R_SRC_LO"] & 0xFFFFFFFF)) - d[f("SRC_OFF")]
+        wy, wx = divmod(int(at) // job.ch, job.in_w)
+        assert at % job.ch == 0 and r["R_ROW_BYTES"] == job.in_w * job.ch
+        assert wx >= 0 and wx + r["R_USED_W"] <= job.in_w
+        assert wy >= 0 and wy + r["R_USED_H"] <= job.in_h
+        steps, origin = [], []
+        for axis, o0, size, n_in in (
+            ("X", gx0, job.out_w, job.in_w),
+            ("Y", gy0, job.out_h, job.in_h),
+        ):
+            c = bicubic_coefficients(n_in, size)
+            side = "W" if axis == "X" else "H"
+            blocks = -(-int(r[f"R_TILE_{side}"]) * 14 // 16)  # the M-blocks the tile uses
+            spans = tab[r[f"R_{axis}_SPANS"] :][: 2 * blocks].reshape(blocks, 2)
+            first = np.minimum(o0 * 14 + 16 * np.arange(blocks), size - 1)
+            assert (spans[:, 0] == c.xmin[first] & ~3).all()  # each block's first tap
+            steps += spans[:, 1].tolist()
+            origin.append(int(spans[0, 0]))
+            # the fragments of the tile column's (row's) blocks, a whole tile's a column
+            whole_tile = -(-int(d[f(f"TILE_P{side}")]) * 14 // 16)
+            index = tcol if axis == "X" else trow
+            assert r[f"R_{axis}_WORDS"] - d[f(f"{axis}_WORDS")] == index * whole_tile * 768
+        assert (wx, wy) == tuple(origin)
+        two = bool(r["R_FLAGS"] & 1)
+        assert two == (max(steps) > 1)
+        assert bool(r["R_FLAGS"] & 2) == (d[f("PASS1")] == 2)
+        groups = -(-int(r["R_USED_W"]) // 4)  # staged 4 pixels at a time
+        aligned = (at + d[f("SRC_OFF")]) % 4 == 0 and job.in_w * job.ch % 4 == 0
+        whole = aligned and wx + 4 * groups <= job.in_w
+        assert bool(r["R_FLAGS"] & 4) == whole
+        seen.add((two, bool(r["R_FLAGS"] & 2), whole))
+    # every flag is seen both ways
+    for k in range(3):
+        assert {s[k] for s in seen} == {False, True}
 
 
 def test_fused_block_limit_matches_the_cuda_define() -> None:
