@@ -304,8 +304,9 @@ def _mma_pitch(n: int) -> int:
 
 def _block_spans(c: Any, size: int, o0: Any) -> tuple[Any, Any, Any]:
     """For tiles whose M-blocks of 16 outputs start at ``o0`` (tiles, blocks), clipped to the
-    axis: each block's first tap aligned down to 4 and its 32-input steps (``Span`` in
-    ``pixels.cu``), and per tile the inputs its blocks use from its first block's tap."""
+    axis: each block's first tap aligned down to 4 and its 32-input steps (the spans
+    ``mma_pass`` in ``pixels.cu`` reads), and per tile the inputs its blocks use from its
+    first block's tap."""
     first, last = np.minimum(o0, size - 1), np.minimum(o0 + 15, size - 1)
     at = c.xmin[first] & ~3
     steps = (c.xmin[last] + c.n[last] - at + 31) >> 5
@@ -386,10 +387,11 @@ def _mma_axis(
     Returns ``(spans, fragments)``. ``spans``: per tile ``1 + 2 mb`` int32 (``mb`` M-blocks
     of a whole tile): the inputs the tile's taps use from its first block's span, then each
     block's span ``(at, steps)``: its first tap aligned down to 4 and its 32-input steps
-    (``Span`` in ``pixels.cu``). ``fragments``: per block ``(3, _MMA_STEPS, 32, 4)``, lane
-    ``(g, t)``'s A words for byte plane ``q`` and step ``s`` in the PTX order of mma m16n8k32:
-    word ``r`` holds output ``o0 + g + 8 (r & 1)``, inputs ``at + 32 s + 16 (r >> 1) + 4 t +
-    0..3`` (0 outside the taps and past the axis), one 16-byte load a plane and step.
+    (what ``mma_pass`` in ``pixels.cu`` reads). ``fragments``: per block
+    ``(3, _MMA_STEPS, 32, 4)``, lane ``(g, t)``'s A words for byte plane ``q`` and step
+    ``s`` in the PTX order of mma m16n8k32: word ``r`` holds output ``o0 + g + 8 (r & 1)``,
+    inputs ``at + 32 s + 16 (r >> 1) + 4 t + 0..3`` (0 outside the taps and past the axis),
+    one 16-byte load a plane and step.
     """
     c = bicubic_coefficients(in_size, out_size)
     words = _weight_words(in_size, out_size)  # (outputs, 3, m)

@@ -751,7 +751,8 @@ struct TaskWalk {
 // _mma_axis: the inputs each block reads, (at, steps) int32 pairs: from its first tap
 // aligned down to 4, so a lane's 4 k values are one aligned word, `steps` of 32; their A
 // fragments from frags on, MMA_FRAGMENT_WORDS a block) times CH channels x `lbs` N-blocks of
-// 8 lines of `in` (k = 0 at the first block's first input). Each warp takes a contiguous run of the
+// 8 lines of `in` (k = 0 at the first block's first input). Each warp takes a contiguous
+// run of the
 // (M-block, channel, N-block) tasks, counted without dividing; for each M-block of its run
 // it loads the block's weights (load_weights), and out_at(j) gives the lane's place for the
 // block's first task (a task's output is out_plane a channel and out_step an N-block on).
@@ -762,7 +763,8 @@ struct TaskWalk {
 // v[1] at output 16 j + g + 8. KS: the most 32-input steps of the tile's blocks.
 template <int CH, int KS, typename OutAt, typename Done>
 __device__ __forceinline__ void mma_pass(const int* __restrict__ frags,
-                                         const int* __restrict__ spans, int blocks, int lbs, const Lines& in, int out_plane,
+                                         const int* __restrict__ spans, int blocks, int lbs,
+                                         const Lines& in, int out_plane,
                                          int out_step, OutAt out_at, Done done) {
   const int tid = threadIdx.y * blockDim.x + threadIdx.x;
   const int lane = tid & 31;
@@ -919,9 +921,8 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
   constexpr int TW = (int)(3 * 256 * sizeof(T) / 8);
   const u64* words = (const u64*)(table + rec[R_TABLE]);
   const u64 tw0 = tid < TW ? words[tid] : 0, tw1 = tid + nt < TW ? words[tid + nt] : 0;
-  if constexpr (CH == 4) {
-    for (int i = tid; i < NF; i += nt) d[i] = desc[(i64)rec[R_IMAGE] * NF + i];
-  }
+  const i64* row = desc + (i64)rec[R_IMAGE] * NF;
+  const i64 d0 = CH == 4 && tid < NF ? row[tid] : 0;
   const int ks = (rec[R_FLAGS] & R_TWO_STEPS) ? MMA_KS : 1;  // the most steps of any block
   // the inputs the tile's taps use: only these are staged and passed. A product's last
   // step may read up to 32 ks bytes past them, into the next line or the slack after a
@@ -1013,6 +1014,10 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
   if (tid + nt < TW) ((u64*)tb)[tid + nt] = tw1;
 #pragma unroll 1
   for (int i = tid + 2 * nt; i < TW; i += nt) ((u64*)tb)[i] = words[i];
+  if constexpr (CH == 4) {
+    if (tid < NF) d[tid] = d0;
+    for (int i = tid + nt; i < NF; i += nt) d[i] = row[i];
+  }
   __syncthreads();  // the window, the block's normalise table (and RGBA's d) are in place
   // the passes, compiled for tiles of one and of two 32-input steps (fewer registers for one)
   auto passes = [&](auto most_steps) {
@@ -1250,7 +1255,8 @@ __device__ __forceinline__ void fused_tile(const u8* __restrict__ src, const u8*
 // The whole pixel pipeline (after resize_pass1 for images that are not TILED): resize,
 // composite, zero pad, normalise and patchify into (sum patches, 3, p, p). Grid: one block
 // per tile, one launch per channel count and kind (`tiles` names each tile's image, this
-// launch's from first_tile; for MMA, `tiles` holds this launch's tile records, enum Record). KIND: GENERAL (any block shape, (p / 2, 256 / (p / 2))
+// launch's from first_tile; for MMA, `tiles` holds this launch's tile records, enum
+// Record). KIND: GENERAL (any block shape, (p / 2, 256 / (p / 2))
 // on the GPU for an even p, (p, 256 / p) for an odd one), PLAIN (unresized TILED images
 // only: no resize code, no window), MMA (resized on both axes, either pass order, p
 // even: the tensor-core passes; blocks of whole warps, (32, 8) on the GPU).

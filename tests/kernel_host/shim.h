@@ -28,19 +28,6 @@ static std::barrier<>* mmwire_block_barrier = nullptr;
 static inline void __syncthreads() {
   if (mmwire_block_barrier != nullptr) mmwire_block_barrier->arrive_and_wait();
 }
-// __syncthreads that also says whether p was true for any thread of the block: votes, a
-// barrier, the result read, a barrier, the vote cleared for the next call, a barrier.
-static std::atomic<int> mmwire_votes{0};
-static inline int __syncthreads_or(int p) {
-  if (p) mmwire_votes = 1;
-  __syncthreads();
-  const int any = mmwire_votes;
-  __syncthreads();
-  if (threadIdx.x == 0 && threadIdx.y == 0) mmwire_votes = 0;
-  __syncthreads();
-  return any;
-}
-
 // Dynamic shared memory: a fixed arena (the launches ask for at most 160 KiB).
 static unsigned mmwire_dynamic_smem[160 * 1024 / sizeof(unsigned)];
 static inline unsigned* dynamic_smem() { return mmwire_dynamic_smem; }
