@@ -448,9 +448,9 @@ def _mma_records(
     gy0, gx0 = trow * tph, tcol * tpw
     nph, npw = np.minimum(tph, grid_h - gy0), np.minimum(tpw, grid_w - gx0)
 
-    def two_steps(spans: np.ndarray[Any, Any], at: Any, tile_px: Any) -> Any:
-        steps = spans[at, 2::2]  # each block's, of the tile's row or column
-        used = np.arange(steps.shape[1])[None, :] < ((tile_px * patch + 15) // 16)[:, None]
+    def two_steps(spans: np.ndarray[Any, Any], index: Any, patches: Any) -> Any:
+        steps = spans[index, 2::2]  # each block's, of the tile's column (row)
+        used = np.arange(steps.shape[1])[None, :] < ((patches * patch + 15) // 16)[:, None]
         return ((steps > 1) & used).any(axis=1)
 
     wx, wy = xs[tcol, 1].astype(np.int64), ys[trow, 1].astype(np.int64)

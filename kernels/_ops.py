@@ -81,8 +81,11 @@ def pack(images: Sequence[Any]) -> tuple[torch.Tensor, list[Shape]]:
     return src, shapes
 
 
+_Views = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
 @lru_cache(maxsize=64)
-def _uploaded(layout: Layout, device: torch.device) -> tuple[tuple[torch.Tensor, ...], Any]:
+def _uploaded(layout: Layout, device: torch.device) -> tuple[_Views, Any]:
     """A layout's ``(desc, tables, grids, tile_image, tile_records)`` on ``device``: one
     pinned, stream-ordered copy of one buffer, and the event that marks it done (``None`` on
     the CPU)."""
@@ -109,7 +112,7 @@ def _uploaded(layout: Layout, device: torch.device) -> tuple[tuple[torch.Tensor,
     return (desc, tab, grids.view(-1, 3), tiles, records.view(-1, len(RECORD_FIELDS))), done
 
 
-def _device_layout(layout: Layout, device: torch.device) -> tuple[torch.Tensor, ...]:
+def _device_layout(layout: Layout, device: torch.device) -> _Views:
     """``(desc, tables, grids, tile_image, tile_records)`` views on ``device``, ordered
     before the current stream's work."""
     views, done = _uploaded(layout, device)
