@@ -6,8 +6,7 @@ sizes share each launch on torch's current stream: one fused launch per channel 
 kind (unresized images go to a kernel without the resize code; on devices of compute
 capability 8.0+, images resized on both axes to one whose passes run on the int8 tensor
 cores), plus pass 1 for images too large to tile in shared memory; results are torch
-tensors, ordered on the current stream (a batch with tensor-core and other launches runs
-the tensor-core ones on a second stream, which the current one waits for).
+tensors.
 """
 
 from __future__ import annotations
@@ -28,7 +27,6 @@ from ._descriptors import (
     RECORD_FIELDS,
     TILE_SMEM_BYTES,
     ImageJob,
-    Kind,
     Layout,
     layout_of,
 )
@@ -121,12 +119,6 @@ def _device_layout(layout: Layout, device: torch.device) -> _Views:
     if done is not None:
         torch.cuda.current_stream(device).wait_event(done)  # on the GPU; no host wait
     return views
-
-
-@lru_cache(maxsize=16)
-def _side_stream(device: torch.device) -> torch.cuda.Stream:
-    """The second stream the MMA launches of a batch with other kinds run on (one a device)."""
-    return torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
 
 
 @lru_cache(maxsize=16)
@@ -285,9 +277,7 @@ def preprocess_packed(
     bits = _BITS[dtype]
     smem = {"general": layout.smem_bytes, "plain": 0, "mma": layout.mma_smem_bytes}
     mma_tiles = 0  # records of the MMA launches before this one
-
-    def launch(channels: int, kind: Kind, first: int, count: int) -> None:
-        nonlocal mma_tiles
+    for channels, kind, first, count in layout.tile_groups:  # per channel count and kind
         per_tile = tiles
         if kind == "mma":  # an MMA launch reads its own tile records from its first
             per_tile = records[mma_tiles : mma_tiles + count]
@@ -309,24 +299,6 @@ def preprocess_packed(
             p,
             first,
         )
-
-    mma = [g for g in layout.tile_groups if g[1] == "mma"]
-    rest = [g for g in layout.tile_groups if g[1] != "mma"]
-    if device.type == "cuda" and mma and rest:
-        # the MMA launches (few long tiles, three blocks a multiprocessor) go first on a
-        # second stream, and the others fill the multiprocessors their last tiles leave
-        # idle; the current stream then waits for both, so callers see one stream's order
-        current, side = torch.cuda.current_stream(device), _side_stream(device)
-        side.wait_stream(current)
-        with torch.cuda.stream(side):
-            for group in mma:
-                launch(*group)
-        for group in rest:
-            launch(*group)
-        current.wait_stream(side)
-    else:
-        for group in layout.tile_groups:  # per channel count and kind
-            launch(*group)
     return out, grids.clone()  # callers own their grid_thw
 
 

@@ -269,36 +269,6 @@ def test_cuda_kernels_take_cupy_arrays_and_run_on_the_current_stream(
     assert differing(pv, want_pv) == 0 and torch.equal(grids.cpu(), want_grid)
 
 
-def test_cuda_mma_launches_on_their_own_stream_finish_before_the_callers_stream_goes_on(
-    rng: np.random.Generator,
-) -> None:
-    # resized and unresized images in one batch: the MMA launch runs on a second stream
-    # beside the plain one. What the caller queues next on its own stream (here the copy to
-    # the host, without a synchronisation) must see every MMA tile's patches: the MMA work
-    # is several times the plain work, so a missing join would copy unfinished rows
-    from kernel_cases import differing, reference
-    from mmwire.kernels import _ops
-    from mmwire.materialize import ProcessorConfig
-
-    cfg = ProcessorConfig()
-    sizes = ((2000, 3000), (480, 640), (1500, 2600), (200, 300))  # (h, w): two resized
-    images = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in sizes]
-    items = [(im, cfg) for im in images]
-    forks = _ops._side_stream.cache_info()
-    caller = torch.cuda.Stream()  # type: ignore[no-untyped-call]
-    with torch.cuda.stream(caller):
-        src, shapes = _ops.pack([torch.from_numpy(im).cuda() for im in images])
-        specs = [cfg.spec_for(im.shape[1], im.shape[0]) for im in images]
-        caller.wait_stream(torch.cuda.default_stream())  # type: ignore[no-untyped-call]
-        want, want_grid = reference(items, torch.bfloat16)
-        for _ in range(3):
-            pv, grids = _ops.preprocess_packed(src, shapes, specs, torch.bfloat16)
-            host = pv.cpu()  # ordered on the caller's stream only
-            assert differing(host, want) == 0 and torch.equal(grids.cpu(), want_grid)
-    after = _ops._side_stream.cache_info()
-    assert after.hits + after.misses > forks.hits + forks.misses  # the second stream ran
-
-
 def test_preprocess_images_on_cuda_uses_the_kernels(rng: np.random.Generator) -> None:
     from mmwire.materialize import K3_BACKGROUND, ProcessorConfig, preprocess_images
 
