@@ -67,10 +67,6 @@ FIELDS: tuple[str, ...] = (
     "TILED",
     "TILE_PH",
     "TILE_PW",
-    "X_WORDS",
-    "Y_WORDS",
-    "X_SPANS",
-    "Y_SPANS",
 )
 _F = {name: i for i, name in enumerate(FIELDS)}
 RECORD_FIELDS: tuple[str, ...] = (
@@ -426,13 +422,19 @@ _FRAGMENT_WORDS = 3 * _MMA_STEPS * 32 * 4
 
 
 def _mma_records(
-    job: ImageJob, image: int, row: np.ndarray[Any, np.dtype[np.int64]], patch: int
+    job: ImageJob,
+    image: int,
+    row: np.ndarray[Any, np.dtype[np.int64]],
+    patch: int,
+    axes: tuple[tuple[int, int], tuple[int, int]],
 ) -> np.ndarray[Any, np.dtype[np.int32]]:
     """An MMA image's tile records (``RECORD_FIELDS``), in tile order, from its descriptor
-    ``row``: where each tile's window starts in the source and what of it the taps use, its
-    spans and fragments, its patches and its flags (``_TWO_STEPS``: a used M-block takes two
-    32-input steps; ``_V_FIRST``; ``_WHOLE``: the window's rows start on a word and its
-    groups of four pixels lie inside the image, so staging takes plain word loads)."""
+    ``row`` and where its axes' fragments and spans are in the tables (``axes``: x then y,
+    each ``(fragments, spans)``): where each tile's window starts in the source and what of
+    it the taps use, its spans and fragments, its patches and its flags (``_TWO_STEPS``: a
+    used M-block takes two 32-input steps; ``_V_FIRST``; ``_WHOLE``: the window's rows
+    start on a word and its groups of four pixels lie inside the image, so staging takes
+    plain word loads)."""
 
     def f(name: str) -> int:
         return int(row[_F[name]])
@@ -471,10 +473,10 @@ def _mma_records(
         "R_ROW_BYTES": row_bytes,
         "R_USED_W": uc,
         "R_USED_H": ur,
-        "R_X_SPANS": f("X_SPANS") + tcol * xs.shape[1] + 1,  # the first block's span
-        "R_Y_SPANS": f("Y_SPANS") + trow * ys.shape[1] + 1,
-        "R_X_WORDS": f("X_WORDS") + tcol * (xs.shape[1] // 2) * _FRAGMENT_WORDS,
-        "R_Y_WORDS": f("Y_WORDS") + trow * (ys.shape[1] // 2) * _FRAGMENT_WORDS,
+        "R_X_SPANS": axes[0][1] + tcol * xs.shape[1] + 1,  # the first block's span
+        "R_Y_SPANS": axes[1][1] + trow * ys.shape[1] + 1,
+        "R_X_WORDS": axes[0][0] + tcol * (xs.shape[1] // 2) * _FRAGMENT_WORDS,
+        "R_Y_WORDS": axes[1][0] + trow * (ys.shape[1] // 2) * _FRAGMENT_WORDS,
         "R_TILE_H": nph,
         "R_TILE_W": npw,
         "R_GY0": gy0,
@@ -562,9 +564,10 @@ def layout_of(
     src = mid = mid_rows = mid_width = patches = out = out_rows = out_width = 0
     smem = mma_need = 0
     kinds: list[Kind] = []
+    axes: dict[int, tuple[tuple[int, int], tuple[int, int]]] = {}  # per MMA image
     src_offsets: list[int] = []
     out_offsets: list[int] = []
-    for row, job in zip(desc, jobs):
+    for image, (row, job) in enumerate(zip(desc, jobs)):
         if job.ch not in (1, 3, 4) or min(job.in_w, job.in_h, job.out_w, job.out_h) < 1:
             raise ValueError(f"cannot plan {job}: sizes must be positive and ch 1, 3 or 4")
         need_h, need_v = job.out_w != job.in_w, job.out_h != job.in_h
@@ -592,10 +595,11 @@ def layout_of(
             smem = max(smem, need)
         kinds.append(kind)
         tiles_w, tiles_h = -(-job.grid_w // tile_w), -(-grid_h // tile_h)
-        x_frags = x_spans = y_frags = y_spans = 0
-        if kind == "mma":
-            x_frags, x_spans = mma_axis(job.in_w, job.out_w, tile_w * patch, tiles_w)
-            y_frags, y_spans = mma_axis(job.in_h, job.out_h, tile_h * patch, tiles_h)
+        if kind == "mma":  # where its axes' fragments and spans are, for its tile records
+            axes[image] = (
+                mma_axis(job.in_w, job.out_w, tile_w * patch, tiles_w),
+                mma_axis(job.in_h, job.out_h, tile_h * patch, tiles_h),
+            )
         mid_w, mid_h = 0, 0
         if p1 != _NONE and fit is None:
             mid_w, mid_h = (job.out_w, job.in_h) if p1 == _HORIZONTAL else (job.in_w, job.out_h)
@@ -641,10 +645,6 @@ def layout_of(
             "TILED": int(fit is not None),
             "TILE_PH": tile_h,
             "TILE_PW": tile_w,
-            "X_WORDS": x_frags,
-            "Y_WORDS": y_frags,
-            "X_SPANS": x_spans,
-            "Y_SPANS": y_spans,
         }
         for name, value in values.items():
             row[_F[name]] = value
@@ -683,7 +683,9 @@ def layout_of(
     records = np.zeros((0, len(RECORD_FIELDS)), np.int32)
     mma_order = [i for i in order if kinds[i] == "mma" and tiles_of[i]]
     if mma_order:
-        records = np.concatenate([_mma_records(jobs[i], i, desc[i], patch) for i in mma_order])
+        records = np.concatenate(
+            [_mma_records(jobs[i], i, desc[i], patch, axes[i]) for i in mma_order]
+        )
     for a in (desc, tables, grids, tile_image, records):
         a.setflags(write=False)
     return Layout(

@@ -70,11 +70,7 @@ enum Field {
   TILED = 35,         // 1: the tile's source window (and intermediate) in shared memory
   TILE_PH = 36,       // patches per tile, down and across (fused launch)
   TILE_PW = 37,
-  X_WORDS = 38,       // MMA tiles: int32 offset of the horizontal axis's A fragments (per
-  Y_WORDS = 39,       // M-block of a tile column, in lane order); the same, vertical (rows)
-  X_SPANS = 40,       // MMA tiles: int32 offset of the horizontal axis's spans (per tile
-  Y_SPANS = 41,       // column: the inputs it uses, then each M-block's); the same, vertical
-  NF = 42
+  NF = 38
 };
 
 // An MMA tile's record (int32, built by the host's _mma_records): what its block would
@@ -603,8 +599,8 @@ __device__ __forceinline__ void plain_units(const u8* __restrict__ s0, i64 row, 
 // inputs x 8 lines) on the int8 tensor cores, exactly: each weight is split into bytes,
 // w = b2 * 2^16 + b1 * 2^8 + b0 (b0, b1 unsigned, b2 signed since |w| < 2^23), and the three
 // products' int32 sums add up to Pillow's accumulator (wrapping adds; the total is in range).
-// The host splits them and lays each M-block's out as its lanes' A fragments (X_WORDS,
-// Y_WORDS; _mma_axis), with the blocks' spans (X_SPANS, Y_SPANS).
+// The host splits them and lays each M-block's out as its lanes' A fragments, with the
+// blocks' spans (_mma_axis; a tile's record says where: R_X_WORDS, R_X_SPANS, ...).
 // A tile's source window sits in shared memory as one plane a channel (rows of input
 // columns; columns of input rows when Pillow resizes vertically first); the first pass
 // writes the intermediate with the other axis contiguous, so both passes read 4

@@ -61,6 +61,8 @@ def test_tile_records_are_whole_16_byte_loads() -> None:
 
 
 def test_tile_records_say_where_each_mma_tile_reads_and_writes() -> None:
+    from mmwire.kernels._descriptors import _mma_axis
+
     # odd widths (rows not on a word) and one of whole words, RGBA (rows on words, its
     # last groups past the image), a tall image passed vertically first, a 0.4
     # downscale (two 32-input steps a block) and one of 0.9 (one), after an unresized image
@@ -111,10 +113,11 @@ def test_tile_records_say_where_each_mma_tile_reads_and_writes() -> None:
             assert (spans[:, 0] == c.xmin[first] & ~3).all()  # each block's first tap
             steps += spans[:, 1].tolist()
             origin.append(int(spans[0, 0]))
-            # the fragments of the tile column's (row's) blocks, a whole tile's a column
-            whole_tile = -(-int(d[f(f"TILE_P{side}")]) * 14 // 16)
-            index = tcol if axis == "X" else trow
-            assert r[f"R_{axis}_WORDS"] - d[f(f"{axis}_WORDS")] == index * whole_tile * 768
+            # the fragments of the tile column's (row's) blocks, as _mma_axis lays them out
+            tile_px, index = int(d[f(f"TILE_P{side}")]) * 14, tcol if axis == "X" else trow
+            tiles = -(-(d[f("GRID_W")] if axis == "X" else d[f("GRID_H")]) // (tile_px // 14))
+            frags = _mma_axis(n_in, size, tile_px, int(tiles))[1][index, :blocks].reshape(-1)
+            assert (tab[r[f"R_{axis}_WORDS"] :][: frags.size] == frags).all()
         assert (wx, wy) == tuple(origin)
         two = bool(r["R_FLAGS"] & 1)
         assert two == (max(steps) > 1)

@@ -28,6 +28,7 @@ static std::barrier<>* mmwire_block_barrier = nullptr;
 static inline void __syncthreads() {
   if (mmwire_block_barrier != nullptr) mmwire_block_barrier->arrive_and_wait();
 }
+
 // Dynamic shared memory: a fixed arena (the launches ask for at most 160 KiB).
 static unsigned mmwire_dynamic_smem[160 * 1024 / sizeof(unsigned)];
 static inline unsigned* dynamic_smem() { return mmwire_dynamic_smem; }
