@@ -298,23 +298,25 @@ def _mma_pitch(n: int) -> int:
     return ((n + 15) & ~31) + 16
 
 
-def _block_spans(c: Any, size: int, o0: Any) -> tuple[Any, Any, Any]:
-    """For tiles whose M-blocks of 16 outputs start at ``o0`` (tiles, blocks), clipped to the
-    axis: each block's first tap aligned down to 4 and its 32-input steps (the spans
-    ``mma_pass`` in ``pixels.cu`` reads), and per tile the inputs its blocks use from its
-    first block's tap."""
-    first, last = np.minimum(o0, size - 1), np.minimum(o0 + 15, size - 1)
+def _block_spans(c: Any, size: int, o0: Any, tile: int) -> tuple[Any, Any, Any]:
+    """For tiles of ``tile`` outputs whose M-blocks of 16 outputs start at ``o0`` (tiles,
+    blocks), clipped to the tile and the axis (a block's outputs past them get no weights,
+    so their taps are not the tile's): each block's first tap aligned down to 4 and its
+    32-input steps (the spans ``mma_pass`` in ``pixels.cu`` reads), and per tile the inputs
+    its blocks use from its first block's tap."""
+    end = o0[:, :1] + tile - 1  # each tile's last output (its first block starts it)
+    first, last = np.minimum(o0, size - 1), np.minimum(np.minimum(o0 + 15, end), size - 1)
     at = c.xmin[first] & ~3
     steps = (c.xmin[last] + c.n[last] - at + 31) >> 5
     used = c.xmin[last[:, -1]] + c.n[last[:, -1]] - at[:, 0]
     return at, steps, used
 
 
-def _mma_reach(c: Any, size: int, starts: Any, blocks: int) -> tuple[int, int]:
-    """For tiles whose outputs start at ``starts``: the most inputs their ``blocks``
-    M-blocks use and the most 32-input steps of one block (``_block_spans``)."""
-    o0 = np.asarray(starts)[:, None] + 16 * np.arange(blocks)[None, :]
-    _, steps, used = _block_spans(c, size, o0)
+def _mma_reach(c: Any, size: int, starts: Any, tile: int) -> tuple[int, int]:
+    """For tiles of ``tile`` outputs starting at ``starts``: the most inputs their M-blocks
+    use and the most 32-input steps of one block (``_block_spans``)."""
+    o0 = np.asarray(starts)[:, None] + 16 * np.arange(-(-tile // 16))[None, :]
+    _, steps, used = _block_spans(c, size, o0, tile)
     return int(used.max()), int(steps.max())
 
 
@@ -328,8 +330,8 @@ def _mma_measure(job: ImageJob, patch: int, v_first: bool) -> Measure:
         my, mx = -(-th // 16), -(-tw // 16)
         if max(my, mx) > _MMA_MAX_BLOCKS:
             return None
-        ur, sy = _mma_reach(cy, job.out_h, np.arange(0, grid_h, tile[0]) * patch, my)
-        uc, sx = _mma_reach(cx, job.out_w, np.arange(0, job.grid_w, tile[1]) * patch, mx)
+        ur, sy = _mma_reach(cy, job.out_h, np.arange(0, grid_h, tile[0]) * patch, th)
+        uc, sx = _mma_reach(cx, job.out_w, np.arange(0, job.grid_w, tile[1]) * patch, tw)
         ks = max(sx, sy)
         if ks > _MMA_STEPS:
             return None
@@ -378,7 +380,9 @@ def _mma_axis(
     """One axis of an MMA image, cut into ``tiles`` tiles of ``tile`` outputs: what each
     tile's M-blocks of 16 outputs need, so a tile reads it instead of working it out
     (cached, as the coefficients). The last tile may be cut short by the canvas; its blocks
-    are the same, and those past the axis have no weights.
+    are the same. Outputs past the axis, and those of a tile's last block past the tile
+    (the next tile's), have no weights: they come out 0 and are never written, and the
+    window holds only the inputs of the tile's own outputs.
 
     Returns ``(spans, fragments)``. ``spans``: per tile ``1 + 2 mb`` int32 (``mb`` M-blocks
     of a whole tile): the inputs the tile's taps use from its first block's span, then each
@@ -386,7 +390,7 @@ def _mma_axis(
     (what ``mma_pass`` in ``pixels.cu`` reads). ``fragments``: per block
     ``(3, _MMA_STEPS, 32, 4)``, lane ``(g, t)``'s A words for byte plane ``q`` and step
     ``s`` in the PTX order of mma m16n8k32: word ``r`` holds output ``o0 + g + 8 (r & 1)``,
-    inputs ``at + 32 s + 16 (r >> 1) + 4 t + 0..3`` (0 outside the taps and past the axis),
+    inputs ``at + 32 s + 16 (r >> 1) + 4 t + 0..3`` (0 outside the taps and past the tile),
     one 16-byte load a plane and step.
     """
     c = bicubic_coefficients(in_size, out_size)
@@ -395,14 +399,14 @@ def _mma_axis(
     mb = -(-tile // 16)
     # (tiles, mb): each block's first output (int32, as everything below: a third less time)
     o0 = np.arange(tiles, dtype=np.int32)[:, None] * tile + 16 * np.arange(mb, dtype=np.int32)
-    at, steps, used = _block_spans(c, out_size, o0)  # (a short last tile's reach the end)
+    at, steps, used = _block_spans(c, out_size, o0, tile)  # (a short last tile's: the end)
     spans = np.concatenate([used[:, None], np.stack([at, steps], axis=2).reshape(tiles, -1)], 1)
     lane = np.arange(32, dtype=np.int32)
     r = np.arange(4, dtype=np.int32)
     # (tiles, mb, plane, step, lane, r): the output and the word of it each fragment word
     # holds, as an index into the flat words
     o = o0[:, :, None, None, None, None] + (lane >> 2)[:, None] + 8 * (r & 1)
-    live = o < out_size
+    live = (o < out_size) & (o < o0[:, :1, None, None, None, None] + tile)
     o = np.minimum(o, out_size - 1)
     first = (
         at[:, :, None, None, None, None] + 32 * np.arange(_MMA_STEPS, dtype=np.int32)[:, None, None]

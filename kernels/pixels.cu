@@ -660,9 +660,11 @@ __device__ __forceinline__ unsigned sat_pair(int lo, int hi) {
 // Lane (g, t)'s A fragments of one M-block (outputs o0 .. o0 + 15), per byte plane q and
 // 32-input step s (the first KS): word r holds output o0 + g (r = 0, 2) or o0 + g + 8 (r =
 // 1, 3), inputs span.at + 32 s + 4 t + 0..3 (r = 0, 1) or 16 more (r = 2, 3), one byte of
-// each weight; outputs past the axis (canvas padding) have none, so they come out 0. The
-// host lays them out in this order (_mma_axis), so a plane and step is one 16-byte load a
-// lane, coalesced over the warp; straight from global memory (L1), no shared copy.
+// each weight; outputs past the axis (canvas padding) have none, so they come out 0, nor
+// do a tile's last block's outputs past the tile (the next tile's: never written out, so
+// the window need not hold their taps). The host lays them out in this order (_mma_axis),
+// so a plane and step is one 16-byte load a lane, coalesced over the warp; straight from
+// global memory (L1), no shared copy.
 template <int KS>
 __device__ __forceinline__ void load_weights(const int* __restrict__ frags, int lane,
                                              unsigned (&a)[3][KS][4]) {

@@ -306,7 +306,8 @@ def test_mma_fragments_hold_each_blocks_weights_in_lane_order(
 ) -> None:
     # the A fragments of each tile's M-blocks, read back through the PTX layout of mma
     # m16n8k32 (lane 4 g + t, word r: row g + 8 (r & 1), k 16 (r >> 1) + 4 t + byte), are
-    # the Q22 weights of the block's 16 outputs over its span; past the axis they are 0
+    # the Q22 weights of the block's 16 outputs over its span; past the tile (the next
+    # tile's outputs, in its last block) and past the axis they are 0
     from mmwire.kernels._descriptors import _MMA_STEPS, _mma_axis
 
     c = bicubic_coefficients(in_size, out_size)
@@ -333,26 +334,27 @@ def test_mma_fragments_hold_each_blocks_weights_in_lane_order(
                     for st in range(_MMA_STEPS):
                         a[:, row, 32 * st + k : 32 * st + k + 4] = planes[t, j, :, st, lane, r]
             weights = a[0] + (a[1] << 8) + (np.where(a[2] >= 128, a[2] - 256, a[2]) << 16)
-            o0 = t * tile * patch + 16 * j
+            o0, tile_end = t * tile * patch + 16 * j, (t + 1) * tile * patch
             want = np.zeros((16, k32), np.int64)
-            live = dense[o0 : min(o0 + 16, out_size)]
+            live = dense[o0 : min(o0 + 16, tile_end, out_size)]
             want[: live.shape[0], : max(0, min(k32, in_size - at))] = live[:, at : at + k32]
             assert (weights == want).all(), (t, j)
             assert at % 4 == 0 and 1 <= steps <= _MMA_STEPS
             assert not live[:, :at].any() and not live[:, at + 32 * steps :].any()  # the span
-        # the inputs the tile uses: to the last tap of its blocks' last output in the axis
-        end = min(t * tile * patch + 16 * mb, out_size) - 1
+        # the inputs the tile uses: to the last tap of its last output in the axis
+        end = min((t + 1) * tile * patch, out_size) - 1
         assert spans[t, 0] == c.xmin[end] + c.n[end] - spans[t, 1]
 
 
 def test_mma_tiles_grow_past_a_power_of_two_while_they_fit() -> None:
-    # 4000x3000 shrunk ~1.9x: 4 x 4 patches do not fit the budget, 2 x 4 do, and 3 x 4 too
+    # 4000x3000 shrunk ~1.9x: 4 x 4 patches do not fit the budget, 2 x 4 do, then 3 x 4 and
+    # 3 x 5 too (4 x 5 and 3 x 6 do not)
     from mmwire.kernels._descriptors import MMA_SMEM_BYTES
 
     job = ImageJob(4000, 3000, 3, 2073, 1554, grid_w=150, patches=150 * 112)
     layout = layout_of((job,), (13, 0), 14, tensor_cores=True)
     row = layout.desc[0]
-    assert (row[FIELDS.index("TILE_PH")], row[FIELDS.index("TILE_PW")]) == (3, 4)
+    assert (row[FIELDS.index("TILE_PH")], row[FIELDS.index("TILE_PW")]) == (3, 5)
     assert 0 < layout.mma_smem_bytes <= MMA_SMEM_BYTES
     big = layout_of((job,), (13, 0), 14, tensor_cores=True, mma_smem=MMA_SMEM_BYTES * 2)
     assert big.mma_smem_bytes > MMA_SMEM_BYTES and big.tiles < layout.tiles
