@@ -255,33 +255,33 @@ def _tile_for(
     """The tile (patches down, across) whose shared memory fits: of the largest area that
     fits, the shape with the least work per pixel (an image resized rows first gets taller
     tiles, so its first pass makes fewer halo rows); and its bytes. Areas are powers of two;
-    ``between`` then grows every shape of the largest area that fits a patch row or column
-    at a time while any grown shape fits (3 x 4 or 4 x 3 where 4 x 4 does not, then 5 x 3
-    if it needs less work than 3 x 5), a few more shapes to measure."""
+    ``between`` then grows the tile a patch row or column at a time while it fits (3 x 4
+    where 4 x 4 does not), a few more shapes to measure."""
     th, tw = max(1, pixels[0] // patch), max(1, pixels[1] // patch)
 
-    def fitting(shapes: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
-        """The shapes that fit, best first: larger area, less work, the configured shape
-        (the first of equals)."""
-        fits = []
+    def best(shapes: list[tuple[int, int]]) -> tuple[int, int, int] | None:
+        fits = []  # (larger area first, work per pixel, not the configured shape, ...)
         for tile in shapes:
             m = measure(tile)
             if m is not None and m[0] <= budget:
                 fits.append((-tile[0] * tile[1], m[1], tile != (th, tw), tile, m[0]))
-        fits.sort(key=lambda f: f[:3])
-        return [(*f[3], f[4]) for f in fits if f[0] == fits[0][0]]  # the largest area's
+        if not fits:
+            return None
+        *_, tile, need = min(fits, key=lambda f: f[:3])  # the first of equals
+        return (*tile, need)
 
     for shapes in _tile_shapes(th * tw):
-        level = fitting(shapes)
-        while level and between:
-            grown = sorted({(a + 1, b) for a, b, _ in level} | {(a, b + 1) for a, b, _ in level})
+        fit = best(shapes)
+        while fit is not None and between:
+            a, b = fit[0], fit[1]
+            grown = [(a + 1, b), (a, b + 1)]
             ok = [(x, y) for x, y in grown if max(x, y) <= 2 * min(x, y) and x * y <= th * tw]
-            bigger = fitting(ok)
-            if not bigger:
+            bigger = best(ok)
+            if bigger is None:
                 break
-            level = bigger
-        if level:
-            return level[0]
+            fit = bigger
+        if fit is not None:
+            return fit
     return None
 
 
