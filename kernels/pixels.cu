@@ -728,35 +728,18 @@ struct Lines {
   int plane, step, pitch;
 };
 
-// Where a warp is in its run of a pass's tasks: an M-block's (channel, N-block) tasks in
-// order, with the task's offsets in the lines and the output kept as running offsets.
-struct TaskWalk {
-  int lb, in_off, out_off;
-  // the next task: the next N-block, or the next channel's first
-  __device__ __forceinline__ void next(const Lines& in, int out_step, int lbs, int in_wrap,
-                                       int out_wrap) {
-    in_off += in.step;
-    out_off += out_step;
-    if (++lb == lbs) {
-      lb = 0;
-      in_off += in_wrap;
-      out_off += out_wrap;
-    }
-  }
-};
-
 // One pass of a tile: `blocks` M-blocks of 16 outputs (their spans, from the host's
 // _mma_axis: the inputs each block reads, (at, steps) int32 pairs: from its first tap
 // aligned down to 4, so a lane's 4 k values are one aligned word, `steps` of 32; their A
 // fragments from frags on, MMA_FRAGMENT_WORDS a block) times CH channels x `lbs` N-blocks of
 // 8 lines of `in` (k = 0 at the first block's first input). Each warp takes a contiguous
-// run of the
-// (M-block, channel, N-block) tasks, counted without dividing; for each M-block of its run
-// it loads the block's weights (load_weights), and out_at(j) gives the lane's place for the
-// block's first task (a task's output is out_plane a channel and out_step an N-block on).
-// The block's tasks then go two at a time (their loads and products interleave) in a loop
-// compiled for the block's number of 32-input steps, nothing decided per task but where
-// the next one is. done(m, v) gets each task's place m and four clamped bytes as two byte
+// run of the (M-block, channel, N-block) tasks, counted without dividing; for each M-block
+// of its run it loads the block's weights (load_weights), and out_at(j) gives the lane's
+// place for the block's first task (a task's output is out_plane a channel and out_step an
+// N-block on). The block's tasks then go channel by channel, two at a time (their loads
+// and products interleave), in a loop compiled for the block's number of 32-input steps:
+// within a channel a task's lines and output move by adds, nothing decided per task.
+// done(m, v) gets each task's place m and four clamped bytes as two byte
 // pairs: v[0] at output 16 j + g, lines 2 t (byte 0) and 2 t + 1 (byte 1) of the N-block;
 // v[1] at output 16 j + g + 8. KS: the most 32-input steps of the tile's blocks.
 template <int CH, int KS, typename OutAt, typename Done>
@@ -776,8 +759,6 @@ __device__ __forceinline__ void mma_pass(const int* __restrict__ frags,
     c = div_small(lb, lbs);
     lb -= c * lbs;
   }
-  TaskWalk w = {lb, c * in.plane + lb * in.step, c * out_plane + lb * out_step};
-  const int in_wrap = in.plane - lbs * in.step, out_wrap = out_plane - lbs * out_step;
   const u8* lane_in = in.base + (lane >> 2) * in.pitch + 4 * (lane & 3) - __ldg(spans);
   for (int task = first; task < last; ++j) {
     const int n = min(last, (j + 1) * per_block) - task;  // the warp's tasks of block j
@@ -789,27 +770,33 @@ __device__ __forceinline__ void mma_pass(const int* __restrict__ frags,
     u8* o0 = out_at(j);
     auto run = [&](auto most_steps) {
       constexpr int S = decltype(most_steps)::value;
-      int left = n;
-      for (; left >= 2; left -= 2) {
-        TaskWalk w2 = w;
-        w2.next(in, out_step, lbs, in_wrap, out_wrap);
-        int acc[3][4], acc2[3][4];
-        products<S>(a, l0 + w.in_off, acc);
-        products<S>(a, l0 + w2.in_off, acc2);
-        unsigned v[2];
-        clamp_q22(acc, v);
-        done(o0 + w.out_off, v);
-        clamp_q22(acc2, v);
-        done(o0 + w2.out_off, v);
-        w = w2;
-        w.next(in, out_step, lbs, in_wrap, out_wrap);
-      }
-      if (left != 0) {
-        int acc[3][4];
-        products<S>(a, l0 + w.in_off, acc);
-        unsigned v[2];
-        clamp_q22(acc, v);
-        done(o0 + w.out_off, v);
+      // channel by channel (c, from N-block lb): a run of N-blocks moves by adds alone
+      for (int left = n; left > 0; ++c, lb = 0) {
+        const int seg = min(left, lbs - lb);  // this channel's tasks
+        left -= seg;
+        const u8* l = l0 + c * in.plane + lb * in.step;
+        u8* o = o0 + c * out_plane + lb * out_step;
+        int k = seg;
+#pragma unroll 1
+        for (; k >= 2; k -= 2) {  // two tasks at a time, their loads and products interleaved
+          int acc[3][4], acc2[3][4];
+          products<S>(a, l, acc);
+          products<S>(a, l + in.step, acc2);
+          unsigned v[2];
+          clamp_q22(acc, v);
+          done(o, v);
+          clamp_q22(acc2, v);
+          done(o + out_step, v);
+          l += 2 * in.step;
+          o += 2 * out_step;
+        }
+        if (k != 0) {
+          int acc[3][4];
+          products<S>(a, l, acc);
+          unsigned v[2];
+          clamp_q22(acc, v);
+          done(o, v);
+        }
       }
     };
     if (KS > 1 && steps > 1) {  // the same for the whole warp
@@ -817,8 +804,8 @@ __device__ __forceinline__ void mma_pass(const int* __restrict__ frags,
     } else {
       run(Int<1>());
     }
-    w = {0, 0, 0};  // the next block starts at its first channel's first N-block (a
-                    // block ends the warp's run, or its tasks run to the block's end)
+    c = 0;  // the next block starts at its first channel's first N-block (a block ends
+    lb = 0; // the warp's run, or its tasks run to the block's end)
   }
 }
 
