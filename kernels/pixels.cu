@@ -804,8 +804,8 @@ __device__ __forceinline__ void mma_pass(const int* __restrict__ frags,
     } else {
       run(Int<1>());
     }
-    c = 0;  // the next block starts at its first channel's first N-block (a block ends
-    lb = 0; // the warp's run, or its tasks run to the block's end)
+    c = lb = 0;  // the next block starts at its first channel's first N-block (a block
+                 // ends the warp's run, or its tasks run to the block's end)
   }
 }
 
