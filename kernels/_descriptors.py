@@ -390,8 +390,8 @@ def _mma_axis(
     (what ``mma_pass`` in ``pixels.cu`` reads). ``fragments``: per block
     ``(3, _MMA_STEPS, 32, 4)``, lane ``(g, t)``'s A words for byte plane ``q`` and step
     ``s`` in the PTX order of mma m16n8k32: word ``r`` holds output ``o0 + g + 8 (r & 1)``,
-    inputs ``at + 32 s + 16 (r >> 1) + 4 t + 0..3`` (0 outside the taps and past the tile),
-    one 16-byte load a plane and step.
+    inputs ``at + 32 s + 16 (r >> 1) + 4 t + 0..3`` (0 outside the taps, past the tile and
+    past the axis), one 16-byte load a plane and step.
     """
     c = bicubic_coefficients(in_size, out_size)
     words = _weight_words(in_size, out_size)  # (outputs, 3, m)
@@ -399,7 +399,7 @@ def _mma_axis(
     mb = -(-tile // 16)
     # (tiles, mb): each block's first output (int32, as everything below: a third less time)
     o0 = np.arange(tiles, dtype=np.int32)[:, None] * tile + 16 * np.arange(mb, dtype=np.int32)
-    at, steps, used = _block_spans(c, out_size, o0, tile)  # (a short last tile's: the end)
+    at, steps, used = _block_spans(c, out_size, o0, tile)  # (a short last tile's: the axis)
     spans = np.concatenate([used[:, None], np.stack([at, steps], axis=2).reshape(tiles, -1)], 1)
     lane = np.arange(32, dtype=np.int32)
     r = np.arange(4, dtype=np.int32)

@@ -739,9 +739,9 @@ struct Lines {
 // N-block on). The block's tasks then go channel by channel, two at a time (their loads
 // and products interleave), in a loop compiled for the block's number of 32-input steps:
 // within a channel a task's lines and output move by adds, nothing decided per task.
-// done(m, v) gets each task's place m and four clamped bytes as two byte
-// pairs: v[0] at output 16 j + g, lines 2 t (byte 0) and 2 t + 1 (byte 1) of the N-block;
-// v[1] at output 16 j + g + 8. KS: the most 32-input steps of the tile's blocks.
+// done(m, v) gets each task's place m and four clamped bytes as two byte pairs: v[0] at
+// output 16 j + g, lines 2 t (byte 0) and 2 t + 1 (byte 1) of the N-block; v[1] at output
+// 16 j + g + 8. KS: the most 32-input steps of the tile's blocks.
 template <int CH, int KS, typename OutAt, typename Done>
 __device__ __forceinline__ void mma_pass(const int* __restrict__ frags,
                                          const int* __restrict__ spans, int blocks, int lbs,
