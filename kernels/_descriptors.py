@@ -95,7 +95,7 @@ RECORD_FIELDS: tuple[str, ...] = (
 work out from the descriptor and the spans before it could stage its window, so staging
 starts after one load."""
 _R = {name: i for i, name in enumerate(RECORD_FIELDS)}
-_TWO_STEPS, _V_FIRST, _WHOLE = 1, 2, 4  # R_FLAGS
+_TWO_STEPS, _V_FIRST, _WHOLE, _RAW = 1, 2, 4, 8  # R_FLAGS
 _NONE, _HORIZONTAL, _VERTICAL = 0, 1, 2
 _SOLID = {"white": 255, "gray": 128, "black": 0}
 
@@ -320,7 +320,15 @@ def _mma_reach(c: Any, size: int, starts: Any, tile: int) -> tuple[int, int]:
     return int(used.max()), int(steps.max())
 
 
-def _mma_measure(job: ImageJob, patch: int, v_first: bool) -> Measure:
+def _mma_raw(job: ImageJob, v_first: bool, src_offset: int) -> bool:
+    """Whether an MMA image's windows may be staged raw (``R_RAW``: the source's bytes as
+    they are, each row from its first byte's 16-byte granule): gray or RGB passed
+    horizontally first, whose rows start on a word in the source (the kernel checks that
+    the source itself starts on one, and stages planes otherwise)."""
+    return job.ch in (1, 3) and not v_first and (src_offset | job.in_w * job.ch) % 4 == 0
+
+
+def _mma_measure(job: ImageJob, patch: int, v_first: bool, raw: bool = False) -> Measure:
     cx = bicubic_coefficients(job.in_w, job.out_w)
     cy = bicubic_coefficients(job.in_h, job.out_h)
     grid_h = job.patches // job.grid_w
@@ -339,10 +347,15 @@ def _mma_measure(job: ImageJob, patch: int, v_first: bool) -> Measure:
         # a line and outputs; the second pass's lines are the first's outputs in the tile
         lines = -(-(uc if v_first else ur) // 8) * 8
         inputs, m1 = (ur, my) if v_first else (uc, mx)
-        # a plane of the window (later the second pass's bytes) and of the intermediate
-        planes = max(lines * _mma_pitch(inputs), 16 * my * _mma_pitch(tw))
-        planes += 16 * m1 * _mma_pitch(lines)
-        need = job.ch * planes + 2 * 32 * ks  # and the slack after each
+        # a plane of the window (later the second pass's bytes) and of the intermediate,
+        # and the slack after each (mma_tile in pixels.cu)
+        out, mid = 16 * my * _mma_pitch(tw), 16 * m1 * _mma_pitch(lines)
+        need = job.ch * (max(lines * _mma_pitch(inputs), out) + mid) + 2 * 32 * ks
+        if raw:  # or staged raw (one plane of rows, the lanes' reads reaching further), and
+            # the planes where the source is not on a word: the launch asks for the larger
+            window = lines * _mma_pitch(job.ch * uc + 12)
+            raw_need = max(window, job.ch * out) + job.ch * (mid + 32 * ks) + 16 + 32 * ks
+            need = max(need, raw_need)
         first, second = (sy, sx) if v_first else (sx, sy)
         products = (
             m1 * (lines // 8) * first
@@ -438,7 +451,7 @@ def _mma_records(
     it the taps use, its spans and fragments, its patches and its flags (``_TWO_STEPS``: a
     used M-block takes two 32-input steps; ``_V_FIRST``; ``_WHOLE``: the window's rows
     start on a word and its groups of four pixels lie inside the image, so staging takes
-    plain word loads)."""
+    plain word loads; ``_RAW``: ``_mma_raw``)."""
 
     def f(name: str) -> int:
         return int(row[_F[name]])
@@ -464,10 +477,12 @@ def _mma_records(
     src = f("SRC_OFF") + (wy * job.in_w + wx) * job.ch
     row_bytes = job.in_w * job.ch
     whole = (((src | row_bytes) & 3) == 0) & (wx + 4 * ((uc + 3) >> 2) <= job.in_w)
+    v_first = f("PASS1") == _VERTICAL
     flags = (
         (two_steps(xs, tcol, npw) | two_steps(ys, trow, nph)) * _TWO_STEPS
-        + (f("PASS1") == _VERTICAL) * _V_FIRST
+        + v_first * _V_FIRST
         + whole * _WHOLE
+        + _mma_raw(job, v_first, f("SRC_OFF")) * _RAW
     )
     rec = np.zeros((k.size, len(RECORD_FIELDS)), np.int64)
     values = {
@@ -585,7 +600,8 @@ def layout_of(
         kind: Kind = "general"
         if patch and job.patches:
             if tensor_cores and patch % 2 == 0 and p1 != _NONE:
-                measure = _mma_measure(job, patch, p1 == _VERTICAL)
+                v_first = p1 == _VERTICAL
+                measure = _mma_measure(job, patch, v_first, _mma_raw(job, v_first, src))
                 fit = _tile_for(job, patch, mma_smem, measure, MMA_TILE_PIXELS, True)
                 kind = "mma" if fit is not None else kind
             if fit is None:

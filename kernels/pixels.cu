@@ -102,6 +102,8 @@ enum Record {
 #define R_TWO_STEPS 1  // some used M-block takes MMA_KS 32-input steps
 #define R_V_FIRST 2    // Pillow resizes this image vertically first
 #define R_WHOLE 4      // the window's rows start on a word and its groups lie in the image
+#define R_RAW 8        // gray or RGB passed horizontally first, whose window's rows start on a
+                       // word: staged as the source's bytes (mma_tile), if the source is too
 
 typedef long long i64;
 typedef unsigned long long u64;
@@ -602,8 +604,10 @@ __device__ __forceinline__ void plain_units(const u8* __restrict__ s0, i64 row, 
 // The host splits them and lays each M-block's out as its lanes' A fragments, with the
 // blocks' spans (_mma_axis; a tile's record says where: R_X_WORDS, R_X_SPANS, ...).
 // A tile's source window sits in shared memory as one plane a channel (rows of input
-// columns; columns of input rows when Pillow resizes vertically first); the first pass
-// writes the intermediate with the other axis contiguous, so both passes read 4
+// columns; columns of input rows when Pillow resizes vertically first), or (R_RAW: gray and
+// RGB passed horizontally first, rows on a word) as the source's rows copied as they are,
+// whose RGB the first pass splits into channels as it reads it; the first pass writes the
+// intermediate with the other axis contiguous, so both passes read 4
 // consecutive k of a line as one word; the last pass writes its bytes over the window, and
 // the block then sends them through the normalise table into the patches as units (above).
 
@@ -651,6 +655,24 @@ __device__ __forceinline__ unsigned sat_pair(int lo, int hi) {
 #endif
 }
 #define MMWIRE_SMEM_CHECK(bytes)
+
+// 16 bytes from global to shared memory, both 16-aligned, without passing through registers
+// (cp.async, L2 only): the copies of a thread land by its copy_wait.
+__device__ __forceinline__ void copy16(void* smem, const void* global) {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
+                   (unsigned)__cvta_generic_to_shared(smem)),
+               "l"(global));
+#else
+  __trap();  // MMA tiles only (compute capability 8.0 or more)
+#endif
+}
+
+__device__ __forceinline__ void copy_wait() {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
+}
 #endif
 
 // Words of an M-block's A fragments (a block of the host's _mma_axis fragments): per byte
@@ -809,6 +831,90 @@ __device__ __forceinline__ void mma_pass(const int* __restrict__ frags,
   }
 }
 
+// Four RGB pixels (12 bytes as three words) as one word a channel (byte e = pixel e).
+__device__ __forceinline__ void split_rgb(unsigned x0, unsigned x1, unsigned x2,
+                                          unsigned (&w)[3]) {
+  w[0] = __byte_perm(__byte_perm(x0, x1, 0x0630), x2, 0x5210);
+  w[1] = __byte_perm(__byte_perm(x0, x1, 0x0741), x2, 0x6210);
+  w[2] = __byte_perm(__byte_perm(x0, x1, 0x0052), x2, 0x7410);
+}
+
+// The three channels' products of one N-block of an RGB window staged raw (R_RAW), over S
+// 32-input steps: a lane's four pixels of a k word are 12 bytes of its line (window row) l,
+// three words split into a word a channel (split_rgb); acc[c] as products' acc.
+template <int S, int KS>
+__device__ __forceinline__ void rgb_products(const unsigned (&a)[3][KS][4], const u8* l,
+                                             int (&acc)[3][3][4]) {
+#pragma unroll
+  for (int s = 0; s < S; ++s) {
+    const unsigned* w = (const unsigned*)(l + 96 * s);
+    unsigned b0[3], b1[3];
+    split_rgb(w[0], w[1], w[2], b0);
+    split_rgb(w[12], w[13], w[14], b1);  // 16 pixels on
+#pragma unroll
+    for (int c = 0; c < 3; ++c) {
+      if (s == 0) {
+        mma_k32<false, true>(acc[c][0], a[0][0], b0[c], b1[c]);
+        mma_k32<false, true>(acc[c][1], a[1][0], b0[c], b1[c]);
+        mma_k32<true, true>(acc[c][2], a[2][0], b0[c], b1[c], MMA_BIAS_HIGH);
+      } else {
+        mma_k32<false, false>(acc[c][0], a[0][s], b0[c], b1[c]);
+        mma_k32<false, false>(acc[c][1], a[1][s], b0[c], b1[c]);
+        mma_k32<true, false>(acc[c][2], a[2][s], b0[c], b1[c]);
+      }
+    }
+  }
+}
+
+// The first pass of an RGB tile whose window is staged raw (R_RAW: rows of the source's
+// bytes, channels interleaved): as mma_pass over `blocks` M-blocks times `lbs` N-blocks of
+// 8 window rows, but a task takes all three channels of its N-block (rgb_products: one
+// set of loads serves them, and their products interleave), so the window needs no
+// planes. lines: where the lane's row g starts (its skew in the staged row included);
+// pitch: the window's row pitch. done(m, v) as mma_pass's, for each channel's output at
+// out_at(j) + c * out_plane.
+template <int KS, typename OutAt, typename Done>
+__device__ __forceinline__ void mma_pass_rgb(const int* __restrict__ frags,
+                                             const int* __restrict__ spans, int blocks, int lbs,
+                                             const u8* lines, int pitch, int out_plane,
+                                             int out_step, OutAt out_at, Done done) {
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5, warps = (blockDim.x * blockDim.y) >> 5;
+  const int tasks = blocks * lbs;  // far below 2^21 / 32, as mma_pass's
+  const int first = div_small(warp * tasks, warps), last = div_small((warp + 1) * tasks, warps);
+  int j = div_small(first, lbs), lb = first - j * lbs;
+  const u8* lane_in = lines + 12 * (lane & 3) - 3 * __ldg(spans);
+  for (int task = first; task < last; ++j, lb = 0) {
+    const int n = min(last, (j + 1) * lbs) - task;  // the warp's tasks of block j
+    task += n;
+    unsigned a[3][KS][4];
+    load_weights<KS>(frags + j * MMA_FRAGMENT_WORDS, lane, a);
+    const int at = __ldg(spans + 2 * j), steps = __ldg(spans + 2 * j + 1);
+    const u8* l = lane_in + 3 * at + lb * 8 * pitch;
+    u8* o = out_at(j) + lb * out_step;
+    auto run = [&](auto most_steps) {
+      constexpr int S = decltype(most_steps)::value;
+#pragma unroll 1
+      for (int k = 0; k < n; ++k, l += 8 * pitch, o += out_step) {
+        int acc[3][3][4];
+        rgb_products<S>(a, l, acc);
+#pragma unroll
+        for (int c = 0; c < 3; ++c) {
+          unsigned v[2];
+          clamp_q22(acc[c], v);
+          done(o + c * out_plane, v);
+        }
+      }
+    };
+    if (KS > 1 && steps > 1) {  // the same for the whole warp
+      run(Int<KS>());
+    } else {
+      run(Int<1>());
+    }
+  }
+}
+
 // A task's clamped bytes (mma_pass's v) where a lane's two outputs of a line are neighbours:
 // each pair as one 16-bit store, at m and 8 rows of `pitch` below.
 __device__ __forceinline__ void store_pairs(u8* m, int pitch, const unsigned v[2]) {
@@ -862,9 +968,7 @@ __device__ __forceinline__ void load_planes(const u8* __restrict__ row, int c, i
     }
     transpose4(x, w);
   } else {
-    w[0] = __byte_perm(__byte_perm(x[0], x[1], 0x0630), x[2], 0x5210);
-    w[1] = __byte_perm(__byte_perm(x[0], x[1], 0x0741), x[2], 0x6210);
-    w[2] = __byte_perm(__byte_perm(x[0], x[1], 0x0052), x[2], 0x7410);
+    split_rgb(x[0], x[1], x[2], w);
   }
   if constexpr (!WHOLE) {
     const unsigned shift = 8u * (unsigned)(c - at);  // 0 .. 24
@@ -886,7 +990,9 @@ __device__ __forceinline__ void load_planes(const u8* __restrict__ row, int c, i
 // barrier, as units of 8 bytes (an unresized tile's way), not by the lanes of the products.
 // RGBA is premultiplied as it is staged (its alpha a fourth plane), and unpremultiplied and
 // composited as the patches are written (with its descriptor, copied into d meanwhile).
-template <int CH, bool VFIRST, typename T>
+// RAW (never with VFIRST or RGBA): the window is one plane of the source's rows, copied with
+// cp.async, and the first pass reads them skewed (mma_pass_rgb for RGB).
+template <int CH, bool VFIRST, bool RAW, typename T>
 __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* __restrict__ desc,
                                          const int* __restrict__ tab,
                                          const T* __restrict__ table, const int (&rec)[NR], i64* d,
@@ -917,22 +1023,47 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
   const int* f1 = VFIRST ? fy : fx;
   const int* s1 = VFIRST ? sy : sx;
   const int m1 = VFIRST ? my : mx, lines1 = ((VFIRST ? uc : ur) + 7) & ~7;
-  const int wp = mma_pitch(VFIRST ? ur : uc), mp = mma_pitch(lines1);
+  // RAW: one plane of the source's rows as they are (a row's bytes from its first one's
+  // 16-byte granule on: up to 12 bytes of skew before them), else a plane a channel
+  const int wp = RAW ? mma_pitch(CH * uc + 12) : mma_pitch(VFIRST ? ur : uc);
+  const int mp = mma_pitch(lines1);
   const int win_plane = lines1 * wp, mid_plane = 16 * m1 * mp, slack = 32 * ks;
   // the second pass's bytes, a plane a channel of 16 my rows x op columns (all its M- and
   // N-blocks reach: op is at least tw rounded up to 16), where the window was
   const int op = mma_pitch(tw), out_plane = 16 * my * op;
-  const int first = CH * max(win_plane, out_plane);
+  const int first = RAW ? max(win_plane, CH * out_plane) : CH * max(win_plane, out_plane);
+  const int win_slack = RAW ? CH * slack + 16 : slack;  // a raw row's products reach further
   u8* win = sm;
   u8* ob = sm;
-  u8* mid = win + first + slack;
-  MMWIRE_SMEM_CHECK(first + CH * mid_plane + 2 * slack);
-  {  // the window's rows and columns that the taps use
-    const int rb = rec[R_ROW_BYTES], groups = (uc + 3) >> 2;
+  u8* mid = win + first + win_slack;
+  MMWIRE_SMEM_CHECK(first + win_slack + CH * mid_plane + slack);
+  const int rb = rec[R_ROW_BYTES];
+  const u8* s = src + (i64)(((u64)(unsigned)rec[R_SRC_HI] << 32) | (unsigned)rec[R_SRC_LO]);
+  if constexpr (RAW) {
+    // the rows as 16-byte copies into shared memory (nothing passes through registers, so
+    // all of them are in flight at once): a row's from the granule of its first byte to
+    // that of its last, so nothing unmapped is read. Rows start on a word (R_RAW), so
+    // their skews in the granule are 0, 4, 8 or 12, and the same every 8 rows.
+    // 2^lg threads a row (at least its granules, or a warp): a thread keeps its place in
+    // the row and moves nt >> lg rows at a time (nt is a multiple of 32)
+    const int ub = CH * uc, most = (ub + 12 + 15) >> 4;  // a row's bytes, granules at most
+    int lg = 0;
+    while ((1 << lg) < most && lg < 5) ++lg;
+    const int rows = nt >> lg, at = 16 * (tid & ((1 << lg) - 1)), lanes = 16 << lg;
+    const u64 step = (u64)rows * (unsigned)rb;
+    u64 row = (u64)s + (u64)(tid >> lg) * (unsigned)rb;  // the row's first byte
+    u8* to = win + (tid >> lg) * wp + at;
+#pragma unroll 1
+    for (int r = tid >> lg; r < ur; r += rows, row += step, to += rows * wp) {
+      const unsigned skew = (unsigned)row & 15u;
+      const u8* from = (const u8*)((row & ~15ull) + (unsigned)at);
+      for (unsigned o = 0; at + o < skew + ub; o += lanes) copy16(to + o, from + o);
+    }
+  } else {  // the window's rows and columns that the taps use
+    const int groups = (uc + 3) >> 2;
     const int quads = VFIRST ? (ur + 3) >> 2 : ur;  // row groups of one work item
     const int total = quads * groups;
     const unsigned magic = 0xffffffffu / (unsigned)groups + 1u;  // i / groups: i * groups < 2^32
-    const u8* s = src + (i64)(((u64)(unsigned)rec[R_SRC_HI] << 32) | (unsigned)rec[R_SRC_LO]);
     auto row_of = [&](int i) { return groups == 1 ? i : (int)__umulhi((unsigned)i, magic); };
     if (uc < 4) {  // narrower than a word: pixel by pixel
       for (int i = tid; i < ur * uc; i += nt) {
@@ -1003,16 +1134,27 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
     if (tid < NF) d[tid] = d0;
     for (int i = tid + nt; i < NF; i += nt) d[i] = row[i];
   }
+  if constexpr (RAW) copy_wait();  // this thread's copies have landed
   __syncthreads();  // the window, the block's normalise table (and RGBA's d) are in place
   // the passes, compiled for tiles of one and of two 32-input steps (fewer registers for one)
   auto passes = [&](auto most_steps) {
     constexpr int KS = decltype(most_steps)::value;
     // the first pass: its outputs (M) times 8 window lines of a channel (N) into the
     // intermediate, a line of the other axis per output
-    mma_pass<CH, KS>(
-        f1, s1, m1, lines1 >> 3, Lines{win, win_plane, 8 * wp, wp}, mid_plane, 8,
-        [&](int j) { return mid + (16 * j + g) * mp + 2 * t; },
-        [&](u8* m, const unsigned v[2]) { store_pairs(m, mp, v); });
+    auto mid_at = [&](int j) { return mid + (16 * j + g) * mp + 2 * t; };
+    auto to_mid = [&](u8* m, const unsigned v[2]) { store_pairs(m, mp, v); };
+    if constexpr (RAW) {  // the lane's row g of the window, after its skew
+      const u8* lines = win + g * wp + (int)((u64)(s + (i64)g * rb) & 15);
+      if constexpr (CH == 3) {
+        mma_pass_rgb<KS>(f1, s1, m1, lines1 >> 3, lines, wp, mid_plane, 8, mid_at, to_mid);
+      } else {
+        mma_pass<CH, KS>(f1, s1, m1, lines1 >> 3, Lines{lines - g * wp, win_plane, 8 * wp, wp},
+                         mid_plane, 8, mid_at, to_mid);
+      }
+    } else {
+      mma_pass<CH, KS>(f1, s1, m1, lines1 >> 3, Lines{win, win_plane, 8 * wp, wp}, mid_plane, 8,
+                       mid_at, to_mid);
+    }
     __syncthreads();  // the intermediate is in place, the window done with
     const Lines in2{mid, mid_plane, 8 * mp, mp};
     if constexpr (!VFIRST) {
@@ -1279,9 +1421,11 @@ __global__ void __launch_bounds__(FUSED_THREADS, KIND == PLAIN ? FUSED_PLAIN_MIN
     }
     u8* sm = (u8*)dynamic_smem();
     if (rec[R_FLAGS] & R_V_FIRST) {
-      mma_tile<CH, true, T>(src, desc, tab, table, rec, d, tb, out, p, sm);
+      mma_tile<CH, true, false, T>(src, desc, tab, table, rec, d, tb, out, p, sm);
+    } else if (CH != 4 && (rec[R_FLAGS] & R_RAW) && ((u64)src & 3) == 0) {
+      mma_tile<CH, false, CH != 4, T>(src, desc, tab, table, rec, d, tb, out, p, sm);
     } else {
-      mma_tile<CH, false, T>(src, desc, tab, table, rec, d, tb, out, p, sm);
+      mma_tile<CH, false, false, T>(src, desc, tab, table, rec, d, tb, out, p, sm);
     }
     return;
   }

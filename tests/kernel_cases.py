@@ -78,10 +78,18 @@ def case(name: str, rng: np.random.Generator) -> Items:
             (u8(61, 47, 1), ODD_PATCH),
             (u8(40, 31, 3), ODD_PATCH),
         ]
-    if name == "tensor_core_scales":  # MMA tiles: one and two 32-input steps, 2:1 and wide
+    if name == "tensor_core_scales":  # MMA tiles: one and two 32-input steps, 2:1 and wide,
+        # rows on a word (staged raw: the first, the gray and 99 x 100) and off one
         return [
             (u8(h, w, c), SMALL)
-            for h, w, c in ((200, 260, 3), (150, 190, 3), (210, 170, 1), (118, 330, 3), (99, 97, 3))
+            for h, w, c in (
+                (200, 260, 3),
+                (150, 190, 3),
+                (210, 172, 1),
+                (118, 330, 3),
+                (99, 100, 3),
+                (99, 97, 3),
+            )
         ]
     raise KeyError(name)
 

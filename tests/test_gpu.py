@@ -74,6 +74,23 @@ def test_cuda_kernels_equal_the_cpu_path(rng: np.random.Generator, name: str, dt
     assert differing(got_pv, want_pv) == 0
 
 
+def test_cuda_mma_kernel_stages_planes_from_a_source_off_a_word(rng: np.random.Generator) -> None:
+    # tiles planned raw (R_RAW: cp.async of 16-byte granules, word loads of the rows) need
+    # the source on a word; one byte off, the kernel must stage channel planes instead
+    from kernel_cases import case, differing, reference
+    from mmwire.kernels import pack, preprocess_packed
+
+    items = case("tensor_core_scales", rng)
+    want_pv, _ = reference(items, torch.bfloat16)
+    src, shapes = pack([torch.from_numpy(im).cuda() for im, _ in items])
+    off = torch.empty(src.numel() + 1, dtype=torch.uint8, device="cuda")[1:]
+    off.copy_(src)
+    specs = [cfg.spec_for(im.shape[1], im.shape[0]) for im, cfg in items]
+    for source in (src, off):
+        got_pv, _ = preprocess_packed(source, shapes, specs, torch.bfloat16)
+        assert differing(got_pv, want_pv) == 0
+
+
 def test_cuda_tensor_cores_equal_the_general_kernel_in_both_pass_orders(
     rng: np.random.Generator,
 ) -> None:

@@ -65,8 +65,10 @@ def test_tile_records_say_where_each_mma_tile_reads_and_writes() -> None:
 
     # odd widths (rows not on a word) and one of whole words, RGBA (rows on words, its
     # last groups past the image), a tall image passed vertically first, a 0.4
-    # downscale (two 32-input steps a block) and one of 0.9 (one), after an unresized image
+    # downscale (two 32-input steps a block) and one of 0.9 (one), after an unresized
+    # image; the first, RGB with rows on words, is staged raw
     jobs = (
+        ImageJob(in_w=200, in_h=120, ch=3, out_w=90, out_h=56, patches=28, grid_w=7),
         ImageJob(in_w=397, in_h=99, ch=4, out_w=159, out_h=40, patches=36, grid_w=12),
         ImageJob(in_w=140, in_h=352, ch=1, out_w=56, out_h=140, patches=40, grid_w=4, row=500),
         ImageJob(in_w=56, in_h=28, ch=3, out_w=56, out_h=28, patches=8, grid_w=4),
@@ -126,9 +128,11 @@ def test_tile_records_say_where_each_mma_tile_reads_and_writes() -> None:
         aligned = (at + d[f("SRC_OFF")]) % 4 == 0 and job.in_w * job.ch % 4 == 0
         whole = aligned and wx + 4 * groups <= job.in_w
         assert bool(r["R_FLAGS"] & 4) == whole
-        seen.add((two, bool(r["R_FLAGS"] & 2), whole))
+        raw = job.ch != 4 and d[f("PASS1")] == 1 and (d[f("SRC_OFF")] | job.in_w * job.ch) % 4 == 0
+        assert bool(r["R_FLAGS"] & 8) == raw
+        seen.add((two, bool(r["R_FLAGS"] & 2), whole, raw))
     # every flag is seen both ways
-    for k in range(3):
+    for k in range(4):
         assert {s[k] for s in seen} == {False, True}
 
 
@@ -406,6 +410,32 @@ def test_host_mma_kernel_gives_the_same_bytes_for_any_number_of_warps(
     finally:
         host.mma_block = (32, 2)
     assert differing(got_pv, want_pv) == 0
+
+
+def test_host_mma_kernel_stages_planes_from_a_source_off_a_word(
+    host: HostLauncher, rng: np.random.Generator
+) -> None:
+    # tiles planned raw (R_RAW) need the source on a word; one byte off, the kernel stages
+    # channel planes instead, in the shared memory the launch asked for
+    items = case("tensor_core_scales", rng)
+    want_pv, _ = reference(items, torch.bfloat16)
+    src, shapes = pack([torch.from_numpy(im) for im, _ in items])
+    off = torch.empty(src.numel() + 1, dtype=torch.uint8)[1:]
+    off.copy_(src)
+    specs = [cfg.spec_for(im.shape[1], im.shape[0]) for im, cfg in items]
+    plan = _ops._plan(
+        tuple(shapes),
+        tuple(specs),
+        None,
+        None,
+        _ops.TILE_SMEM_BYTES,
+        True,
+        _ops._mma_smem(src.device),
+    )
+    assert (plan.layout.tile_records[:, RECORD_FIELDS.index("R_FLAGS")] & 8).any()
+    for source in (src, off):
+        got_pv, _ = preprocess_packed(source, shapes, specs, torch.bfloat16, launcher=host)
+        assert differing(got_pv, want_pv) == 0
 
 
 def test_host_kernels_without_tensor_cores_take_the_general_kernel(

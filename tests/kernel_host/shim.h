@@ -106,6 +106,10 @@ static inline void mma_k32(int (&d)[4], const unsigned (&a)[4], unsigned b0, uns
   w.meet->arrive_and_wait();
 }
 
+// cp.async of 16 bytes: copied at once, so there is nothing to wait for.
+static inline void copy16(void* smem, const void* global) { std::memcpy(smem, global, 16); }
+static inline void copy_wait() {}
+
 // lo and hi clamped to bytes, as bytes 0 and 1 (cvt.pack.sat.u8.s32.b32 with c = 0).
 static inline unsigned sat_pair(int lo, int hi) {
   return (unsigned)min(max(lo, 0), 255) | (unsigned)min(max(hi, 0), 255) << 8;
