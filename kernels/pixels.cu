@@ -1053,11 +1053,20 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
     const u64 step = (u64)rows * (unsigned)rb;
     u64 row = (u64)s + (u64)(tid >> lg) * (unsigned)rb;  // the row's first byte
     u8* to = win + (tid >> lg) * wp + at;
+    if (most <= (1 << lg)) {  // a row's granules at most one a thread (the usual case)
 #pragma unroll 1
-    for (int r = tid >> lg; r < ur; r += rows, row += step, to += rows * wp) {
-      const unsigned skew = (unsigned)row & 15u;
-      const u8* from = (const u8*)((row & ~15ull) + (unsigned)at);
-      for (unsigned o = 0; at + o < skew + ub; o += lanes) copy16(to + o, from + o);
+      for (int r = tid >> lg; r < ur; r += rows, row += step, to += rows * wp) {
+        if ((unsigned)at < ((unsigned)row & 15u) + ub) {
+          copy16(to, (const u8*)((row & ~15ull) + at));
+        }
+      }
+    } else {
+#pragma unroll 1
+      for (int r = tid >> lg; r < ur; r += rows, row += step, to += rows * wp) {
+        const unsigned skew = (unsigned)row & 15u;
+        const u8* from = (const u8*)((row & ~15ull) + (unsigned)at);
+        for (unsigned o = 0; at + o < skew + ub; o += lanes) copy16(to + o, from + o);
+      }
     }
   } else {  // the window's rows and columns that the taps use
     const int groups = (uc + 3) >> 2;

@@ -25,6 +25,7 @@ CLIP = ProcessorConfig(
     image_mean=(0.48145466, 0.4578275, 0.40821073),
     image_std=(0.26862954, 0.26130258, 0.27577711),
 )
+WIDE = ProcessorConfig(in_patch_limit=128)  # 700 x 300 -> 244 x 104: 0.35 of a side
 ODD_PATCH = ProcessorConfig(patch_size=15, in_patch_limit=40)  # the kernel's pixel-by-pixel path
 ODD_PATCH_K3 = ProcessorConfig(patch_size=15, in_patch_limit=40, background=K3_BACKGROUND)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -79,15 +80,17 @@ def case(name: str, rng: np.random.Generator) -> Items:
             (u8(40, 31, 3), ODD_PATCH),
         ]
     if name == "tensor_core_scales":  # MMA tiles: one and two 32-input steps, 2:1 and wide,
-        # rows on a word (staged raw: the first, the gray and 99 x 100) and off one
+        # rows on a word (staged raw: the first, the gray, 99 x 100 and 300 x 700, whose
+        # windows' rows span more granules than a warp has lanes) and off one
         return [
-            (u8(h, w, c), SMALL)
+            (u8(h, w, c), WIDE if w == 700 else SMALL)
             for h, w, c in (
                 (200, 260, 3),
                 (150, 190, 3),
                 (210, 172, 1),
                 (118, 330, 3),
                 (99, 100, 3),
+                (300, 700, 3),
                 (99, 97, 3),
             )
         ]
