@@ -181,6 +181,9 @@ class Layout:
     mma_smem_bytes: int = 0
     """Dynamic shared memory of the MMA launches: their largest window (or output) planes
     and intermediate."""
+    plain_smem_bytes: int = 0
+    """Dynamic shared memory of the plain launches: their largest tile's pixels, staged as
+    they are (``_plain_pitch``)."""
 
     @property
     def tiles(self) -> int:
@@ -291,6 +294,12 @@ def _general_measure(job: ImageJob, passes: tuple[int, int], patch: int) -> Meas
         return _tile_bytes(window, passes), _tile_cost(window, passes)
 
     return measure
+
+
+def _plain_pitch(n: int) -> int:
+    """``plain_pitch`` in ``pixels.cu``: the row pitch of an unresized tile's pixels staged
+    as they are, for rows of ``n`` bytes (a skew of up to 15, whole 16-byte granules)."""
+    return ((n + 30) >> 4) << 4
 
 
 def _mma_pitch(n: int) -> int:
@@ -581,7 +590,7 @@ def layout_of(
         return axis_at[key]
 
     src = mid = mid_rows = mid_width = patches = out = out_rows = out_width = 0
-    smem = mma_need = 0
+    smem = mma_need = plain_need = 0
     kinds: list[Kind] = []
     axes: dict[int, tuple[tuple[int, int], tuple[int, int]]] = {}  # per MMA image
     src_offsets: list[int] = []
@@ -609,7 +618,9 @@ def layout_of(
                 if fit is not None and p2 == _NONE:
                     kind = "plain"
         tile_h, tile_w, need = fit if fit is not None else (1, 1, 0)
-        if kind == "mma":
+        if kind == "plain":  # its tile's rows as they are (fused_tile in pixels.cu)
+            plain_need = max(plain_need, tile_h * patch * _plain_pitch(tile_w * patch * job.ch))
+        elif kind == "mma":
             mma_need = max(mma_need, need)
         else:
             smem = max(smem, need)
@@ -727,4 +738,5 @@ def layout_of(
         tile_groups=tuple(groups),
         smem_bytes=smem,
         mma_smem_bytes=mma_need,
+        plain_smem_bytes=plain_need,
     )

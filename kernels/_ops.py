@@ -275,7 +275,11 @@ def preprocess_packed(
     # pass 1 only for two-pass images whose tiles do not keep the intermediate on chip
     run.pass1(*_row_grid(layout.mid_rows, layout.mid_width), src, mid, desc, tab, len(jobs))
     bits = _BITS[dtype]
-    smem = {"general": layout.smem_bytes, "plain": 0, "mma": layout.mma_smem_bytes}
+    smem = {
+        "general": layout.smem_bytes,
+        "plain": layout.plain_smem_bytes,
+        "mma": layout.mma_smem_bytes,
+    }
     mma_tiles = 0  # records of the MMA launches before this one
     for channels, kind, first, count in layout.tile_groups:  # per channel count and kind
         per_tile = tiles
@@ -288,7 +292,7 @@ def preprocess_packed(
             kind,
             (count, 1),
             _MMA_BLOCK if kind == "mma" else _fused_block(p),
-            smem[kind],  # plain tiles read the source where they use it
+            smem[kind],
             src,
             mid,
             desc,

@@ -456,15 +456,22 @@ __device__ __forceinline__ void stage_row(const u8* __restrict__ s, int n, bool 
 
 // NB <= 8 bytes at p as two words (bytes past NB undefined), from the aligned words that
 // hold at least one of them (as load_words: nothing unmapped, nothing past the last byte's).
-template <int NB>
+template <int NB, bool SHARED = false>
 __device__ __forceinline__ void load_bytes(const u8* p, unsigned (&out)[2]) {
   const unsigned long long at = (unsigned long long)p;
   const unsigned* w = (const unsigned*)(at & ~3ull);
   const unsigned skew = (unsigned)(at & 3ull);
   const unsigned words = (skew + NB + 3) >> 2;  // 1 .. 3
-  const unsigned a0 = __ldg(w);
-  const unsigned a1 = words > 1 ? __ldg(w + 1) : 0u;
-  const unsigned a2 = words > 2 ? __ldg(w + 2) : 0u;
+  auto word = [&](int i) {  // SHARED: p is in shared memory
+    if constexpr (SHARED) {
+      return w[i];
+    } else {
+      return __ldg(w + i);
+    }
+  };
+  const unsigned a0 = word(0);
+  const unsigned a1 = words > 1 ? word(1) : 0u;
+  const unsigned a2 = words > 2 ? word(2) : 0u;
   out[0] = __funnelshift_r(a0, a1, 8 * skew);
   out[1] = __funnelshift_r(a1, a2, 8 * skew);
 }
@@ -518,13 +525,13 @@ struct Units {
 
 // The table values of a run of V pixels of a source row from s, n of them in the image (the
 // rest is padding), the first at canvas pixel (y, x): plane c's into r[c][at ..].
-template <int CH, int V, int N, typename T>
+template <int CH, int V, bool SHARED, int N, typename T>
 __device__ __forceinline__ void run_values(const u8* __restrict__ s, int n, const i64* d, int y,
                                            int x, const T* tb, T (&r)[3][N], int at) {
   int v[V][4];
   if (n == V) {
     unsigned w[2];
-    load_bytes<V * CH>(s, w);
+    load_bytes<V * CH, SHARED>(s, w);
 #pragma unroll
     for (int i = 0; i < V; ++i) {
 #pragma unroll
@@ -548,24 +555,35 @@ __device__ __forceinline__ void run_values(const u8* __restrict__ s, int n, cons
   }
 }
 
-// An unresized tile straight from the source (no window, no barrier after the table): a
-// thread takes runs of V pixels of the patch rows it walks, loads each run's bytes with a
-// few word loads and writes each plane's V values in one store. s0 and o0 are the tile's
-// first source pixel and first patch; (vh, vw) the part of the tile inside the image.
+// An unresized tile's pixels at the start of the dynamic shared memory (fused_tile copies
+// its rows there with copy_rows, as they are): row ry at ry * pitch, after its skew (the
+// low bits of its source address: first + ry * stride, mod 16).
+struct StagedRows {
+  int pitch;
+  unsigned first, stride;
+  __device__ __forceinline__ const u8* row(int ry) const {
+    return (const u8*)dynamic_smem() + ry * pitch + ((first + (unsigned)ry * stride) & 15u);
+  }
+};
+
+// An unresized tile from its staged rows (no window, no barrier after the staging): a
+// thread takes runs of V pixels of the patch rows it walks, reads each run's bytes with a
+// few word loads and writes each plane's V values in one store. o0 is the tile's first
+// patch; (vh, vw) the part of the tile inside the image.
 template <int CH, int V, typename T>
-__device__ __forceinline__ void plain_runs(const u8* __restrict__ s0, i64 row, const i64* d,
-                                           const T* tb, T* __restrict__ o0, int p, int gw,
-                                           int nph, int npw, int vh, int vw, int y0, int x0) {
+__device__ __forceinline__ void plain_runs(const StagedRows& rows, const i64* d, const T* tb,
+                                           T* __restrict__ o0, int p, int gw, int nph, int npw,
+                                           int vh, int vw, int y0, int x0) {
   const int tx = threadIdx.x, ty = threadIdx.y, bx = blockDim.x, by = blockDim.y;
   const int pp = p * p;
   for (PatchRow k(ty, by, p, npw); k.ky < nph; k.next(p, npw)) {
     const int ry = k.ky * p + k.py, cx = k.kx * p;  // the row and first column in the tile
     T* o = o0 + ((k.ky * gw + k.kx) * 3 * pp + k.py * p);
-    const u8* s = s0 + (i64)ry * row + cx * CH;
+    const u8* s = rows.row(ry) + cx * CH;
     for (int px = tx * V; px < p; px += bx * V) {
       const int n = ry < vh ? min(V, vw - cx - px) : 0;  // pixels of the run in the image
       T r[3][V];
-      run_values<CH, V>(s + px * CH, n, d, y0 + ry, x0 + cx + px, tb, r, 0);
+      run_values<CH, V, true>(s + px * CH, n, d, y0 + ry, x0 + cx + px, tb, r, 0);
 #pragma unroll
       for (int c = 0; c < 3; ++c) store_run<V>(o + c * pp + px, r[c]);
     }
@@ -577,9 +595,9 @@ __device__ __forceinline__ void plain_runs(const u8* __restrict__ s0, i64 row, c
 // store (fp32 keeps the pairs: its units measured slower; RGBA too: its composite needs the
 // registers).
 template <int CH, int U, typename T>
-__device__ __forceinline__ void plain_units(const u8* __restrict__ s0, i64 row, const i64* d,
-                                            const T* tb, T* __restrict__ o0, int p, int gw,
-                                            int nph, int npw, int vh, int vw, int y0, int x0) {
+__device__ __forceinline__ void plain_units(const StagedRows& rows, const i64* d, const T* tb,
+                                            T* __restrict__ o0, int p, int gw, int nph, int npw,
+                                            int vh, int vw, int y0, int x0) {
   const int pp = p * p;
   for (Units<U> k(p, npw); k.ky < nph; k.next(npw)) {
     T r[3][U];
@@ -588,7 +606,7 @@ __device__ __forceinline__ void plain_units(const u8* __restrict__ s0, i64 row, 
       int ry, cx;
       k.run_at(run, p, ry, cx);
       const int n = ry < vh ? min(2, vw - cx) : 0;  // pixels of the run in the image
-      run_values<CH, 2>(s0 + (i64)ry * row + cx * CH, n, d, y0 + ry, x0 + cx, tb, r, 2 * run);
+      run_values<CH, 2, true>(rows.row(ry) + cx * CH, n, d, y0 + ry, x0 + cx, tb, r, 2 * run);
     }
     T* o = o0 + k.offset(p, gw);
 #pragma unroll
@@ -657,14 +675,15 @@ __device__ __forceinline__ unsigned sat_pair(int lo, int hi) {
 #define MMWIRE_SMEM_CHECK(bytes)
 
 // 16 bytes from global to shared memory, both 16-aligned, without passing through registers
-// (cp.async, L2 only): the copies of a thread land by its copy_wait.
+// (cp.async, L2 only): the copies of a thread land by its copy_wait. Before compute
+// capability 8.0 (plain tiles only), an ordinary load and store.
 __device__ __forceinline__ void copy16(void* smem, const void* global) {
 #if __CUDA_ARCH__ >= 800
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
                    (unsigned)__cvta_generic_to_shared(smem)),
                "l"(global));
 #else
-  __trap();  // MMA tiles only (compute capability 8.0 or more)
+  *(uint4*)smem = __ldg((const uint4*)global);
 #endif
 }
 
@@ -674,6 +693,48 @@ __device__ __forceinline__ void copy_wait() {
 #endif
 }
 #endif
+
+// Rows 0 .. rows - 1 of `bytes` bytes each, row r from src + r * stride, into shared memory
+// at dst (row r at dst + r * pitch, from the 16-byte granule of its first byte: that byte
+// at its skew, (src + r * stride) & 15, at most `skew`), with 16-byte cp.async (nothing
+// passes through registers, so all a block's copies are in flight at once; each thread's
+// land by its copy_wait). A row's copies run from the granule of its first byte to that of
+// its last, so nothing unmapped is read. 2^lg threads take a row (at least its granules,
+// or a warp): a thread keeps its place in the row and moves nt >> lg rows at a time (nt
+// is a multiple of 2^lg: a whole number of warps, or any block of a launch whose rows
+// need no more than its threads... see the callers), with 32-bit offsets and one 64-bit
+// add a row.
+__device__ __forceinline__ void copy_rows(const u8* src, int stride, int rows, int bytes,
+                                          int skew, u8* dst, int pitch) {
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x, nt = blockDim.x * blockDim.y;
+  const int most = (bytes + skew + 15) >> 4;  // a row's granules at most
+  int lg = 0;
+  while ((1 << lg) < most && (2 << lg) <= nt && lg < 5) ++lg;
+  const int step_rows = nt >> lg, at = 16 * (tid & ((1 << lg) - 1)), lanes = 16 << lg;
+  const u64 step = (u64)step_rows * (unsigned)stride;
+  u64 row = (u64)src + (u64)(tid >> lg) * (unsigned)stride;  // the row's first byte
+  u8* to = dst + (tid >> lg) * pitch + at;
+  if (tid >= step_rows << lg) return;  // a block of fewer threads than a power of two
+  if (most <= (1 << lg)) {  // a row's granules at most one a thread (the usual case)
+#pragma unroll 1
+    for (int r = tid >> lg; r < rows; r += step_rows, row += step, to += step_rows * pitch) {
+      if ((unsigned)at < ((unsigned)row & 15u) + bytes) {
+        copy16(to, (const u8*)((row & ~15ull) + at));
+      }
+    }
+  } else {
+#pragma unroll 1
+    for (int r = tid >> lg; r < rows; r += step_rows, row += step, to += step_rows * pitch) {
+      const unsigned end = ((unsigned)row & 15u) + bytes;
+      const u8* from = (const u8*)((row & ~15ull) + (unsigned)at);
+      for (unsigned o = 0; at + o < end; o += lanes) copy16(to + o, from + o);
+    }
+  }
+}
+
+// The row pitch of an unresized tile's staged pixels (copy_rows) for rows of `bytes` bytes:
+// room for a skew of up to 15 and whole 16-byte granules (host: _plain_pitch).
+__device__ __forceinline__ int plain_pitch(int bytes) { return ((bytes + 30) >> 4) << 4; }
 
 // Words of an M-block's A fragments (a block of the host's _mma_axis fragments): per byte
 // plane q and 32-input step s, 32 lanes x 4 words.
@@ -1040,34 +1101,9 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
   const int rb = rec[R_ROW_BYTES];
   const u8* s = src + (i64)(((u64)(unsigned)rec[R_SRC_HI] << 32) | (unsigned)rec[R_SRC_LO]);
   if constexpr (RAW) {
-    // the rows as 16-byte copies into shared memory (nothing passes through registers, so
-    // all of them are in flight at once): a row's from the granule of its first byte to
-    // that of its last, so nothing unmapped is read. Rows start on a word (R_RAW), so
-    // their skews in the granule are 0, 4, 8 or 12, and the same every 8 rows.
-    // 2^lg threads a row (at least its granules, or a warp): a thread keeps its place in
-    // the row and moves nt >> lg rows at a time (nt is a multiple of 32)
-    const int ub = CH * uc, most = (ub + 12 + 15) >> 4;  // a row's bytes, granules at most
-    int lg = 0;
-    while ((1 << lg) < most && lg < 5) ++lg;
-    const int rows = nt >> lg, at = 16 * (tid & ((1 << lg) - 1)), lanes = 16 << lg;
-    const u64 step = (u64)rows * (unsigned)rb;
-    u64 row = (u64)s + (u64)(tid >> lg) * (unsigned)rb;  // the row's first byte
-    u8* to = win + (tid >> lg) * wp + at;
-    if (most <= (1 << lg)) {  // a row's granules at most one a thread (the usual case)
-#pragma unroll 1
-      for (int r = tid >> lg; r < ur; r += rows, row += step, to += rows * wp) {
-        if ((unsigned)at < ((unsigned)row & 15u) + ub) {
-          copy16(to, (const u8*)((row & ~15ull) + at));
-        }
-      }
-    } else {
-#pragma unroll 1
-      for (int r = tid >> lg; r < ur; r += rows, row += step, to += rows * wp) {
-        const unsigned skew = (unsigned)row & 15u;
-        const u8* from = (const u8*)((row & ~15ull) + (unsigned)at);
-        for (unsigned o = 0; at + o < skew + ub; o += lanes) copy16(to + o, from + o);
-      }
-    }
+    // the rows as they are, with cp.async. They start on a word (R_RAW), so their skews in
+    // the granule are 0, 4, 8 or 12, and the same every 8 rows.
+    copy_rows(s, rb, ur, CH * uc, 12, win, wp);
   } else {  // the window's rows and columns that the taps use
     const int groups = (uc + 3) >> 2;
     const int quads = VFIRST ? (ur + 3) >> 2 : ur;  // row groups of one work item
@@ -1294,17 +1330,24 @@ __device__ __forceinline__ void fused_tile(const u8* __restrict__ src, const u8*
       write_runs(Int<1>(), resized);
     }
   };
-  if constexpr (PLAIN) {  // unresized (the host groups these tiles): no window
-    const i64 row = d[IN_W] * CH;
+  if constexpr (PLAIN) {  // unresized (the host groups these tiles): its pixels as they are
+    // into shared memory first (copy_rows: all of them in flight at once, one wait), in
+    // rows of plain_pitch (the host's _plain_pitch) for the image's tile width
+    const int row = (int)d[IN_W] * CH;
     const u8* s0 = src + d[SRC_OFF] + (i64)y0 * row + (i64)x0 * CH;
+    const StagedRows rows{plain_pitch((int)d[TILE_PW] * p * CH), (unsigned)(u64)s0,
+                          (unsigned)row};
+    MMWIRE_SMEM_CHECK((vy1 - y0) * rows.pitch);
+    copy_rows(s0, row, vy1 - y0, (vx1 - x0) * CH, 15, (u8*)sm, rows.pitch);
     T* o0 = out + first_patch * 3 * pp;
-    __syncthreads();  // the block's normalise table is in place
+    copy_wait();
+    __syncthreads();  // the tile's pixels and the block's normalise table are in place
     if ((p & 1) != 0) {
-      plain_runs<CH, 1>(s0, row, d, tb, o0, p, gw, nph, npw, vy1 - y0, vx1 - x0, y0, x0);
+      plain_runs<CH, 1>(rows, d, tb, o0, p, gw, nph, npw, vy1 - y0, vx1 - x0, y0, x0);
     } else if constexpr (sizeof(T) == 4 || CH == 4) {
-      plain_runs<CH, 2>(s0, row, d, tb, o0, p, gw, nph, npw, vy1 - y0, vx1 - x0, y0, x0);
+      plain_runs<CH, 2>(rows, d, tb, o0, p, gw, nph, npw, vy1 - y0, vx1 - x0, y0, x0);
     } else {
-      plain_units<CH, UNIT_BYTES / sizeof(T)>(s0, row, d, tb, o0, p, gw, nph, npw, vy1 - y0,
+      plain_units<CH, UNIT_BYTES / sizeof(T)>(rows, d, tb, o0, p, gw, nph, npw, vy1 - y0,
                                               vx1 - x0, y0, x0);
     }
     return;
