@@ -559,6 +559,7 @@ __device__ __forceinline__ void run_values(const u8* __restrict__ s, int n, cons
 // its rows there with copy_rows, as they are): row ry at ry * pitch, after its skew (the
 // low bits of its source address: first + ry * stride, mod 16).
 struct StagedRows {
+  static constexpr bool SHARED = true;
   int pitch;
   unsigned first, stride;
   __device__ __forceinline__ const u8* row(int ry) const {
@@ -566,12 +567,20 @@ struct StagedRows {
   }
 };
 
-// An unresized tile from its staged rows (no window, no barrier after the staging): a
-// thread takes runs of V pixels of the patch rows it walks, reads each run's bytes with a
-// few word loads and writes each plane's V values in one store. o0 is the tile's first
-// patch; (vh, vw) the part of the tile inside the image.
-template <int CH, int V, typename T>
-__device__ __forceinline__ void plain_runs(const StagedRows& rows, const i64* d, const T* tb,
+// An unresized tile's rows where they are in the source: row ry at s0 + ry * stride.
+struct SourceRows {
+  static constexpr bool SHARED = false;
+  const u8* s0;
+  i64 stride;
+  __device__ __forceinline__ const u8* row(int ry) const { return s0 + (i64)ry * stride; }
+};
+
+// An unresized tile from its rows (StagedRows or SourceRows; no window, no barrier after
+// the table): a thread takes runs of V pixels of the patch rows it walks, reads each run's
+// bytes with a few word loads and writes each plane's V values in one store. o0 is the
+// tile's first patch; (vh, vw) the part of the tile inside the image.
+template <int CH, int V, typename Rows, typename T>
+__device__ __forceinline__ void plain_runs(const Rows& rows, const i64* d, const T* tb,
                                            T* __restrict__ o0, int p, int gw, int nph, int npw,
                                            int vh, int vw, int y0, int x0) {
   const int tx = threadIdx.x, ty = threadIdx.y, bx = blockDim.x, by = blockDim.y;
@@ -583,7 +592,7 @@ __device__ __forceinline__ void plain_runs(const StagedRows& rows, const i64* d,
     for (int px = tx * V; px < p; px += bx * V) {
       const int n = ry < vh ? min(V, vw - cx - px) : 0;  // pixels of the run in the image
       T r[3][V];
-      run_values<CH, V, true>(s + px * CH, n, d, y0 + ry, x0 + cx + px, tb, r, 0);
+      run_values<CH, V, Rows::SHARED>(s + px * CH, n, d, y0 + ry, x0 + cx + px, tb, r, 0);
 #pragma unroll
       for (int c = 0; c < 3; ++c) store_run<V>(o + c * pp + px, r[c]);
     }
@@ -594,8 +603,8 @@ __device__ __forceinline__ void plain_runs(const StagedRows& rows, const i64* d,
 // pixel pair of each patch row it walks, so each plane's four values go out in one 8-byte
 // store (fp32 keeps the pairs: its units measured slower; RGBA too: its composite needs the
 // registers).
-template <int CH, int U, typename T>
-__device__ __forceinline__ void plain_units(const StagedRows& rows, const i64* d, const T* tb,
+template <int CH, int U, typename Rows, typename T>
+__device__ __forceinline__ void plain_units(const Rows& rows, const i64* d, const T* tb,
                                             T* __restrict__ o0, int p, int gw, int nph, int npw,
                                             int vh, int vw, int y0, int x0) {
   const int pp = p * p;
@@ -606,7 +615,8 @@ __device__ __forceinline__ void plain_units(const StagedRows& rows, const i64* d
       int ry, cx;
       k.run_at(run, p, ry, cx);
       const int n = ry < vh ? min(2, vw - cx) : 0;  // pixels of the run in the image
-      run_values<CH, 2, true>(rows.row(ry) + cx * CH, n, d, y0 + ry, x0 + cx, tb, r, 2 * run);
+      run_values<CH, 2, Rows::SHARED>(rows.row(ry) + cx * CH, n, d, y0 + ry, x0 + cx, tb, r,
+                                      2 * run);
     }
     T* o = o0 + k.offset(p, gw);
 #pragma unroll
@@ -1330,25 +1340,38 @@ __device__ __forceinline__ void fused_tile(const u8* __restrict__ src, const u8*
       write_runs(Int<1>(), resized);
     }
   };
-  if constexpr (PLAIN) {  // unresized (the host groups these tiles): its pixels as they are
-    // into shared memory first (copy_rows: all of them in flight at once, one wait), in
-    // rows of plain_pitch (the host's _plain_pitch) for the image's tile width
+  if constexpr (PLAIN) {  // unresized (the host groups these tiles): no window
     const int row = (int)d[IN_W] * CH;
     const u8* s0 = src + d[SRC_OFF] + (i64)y0 * row + (i64)x0 * CH;
-    const StagedRows rows{plain_pitch((int)d[TILE_PW] * p * CH), (unsigned)(u64)s0,
-                          (unsigned)row};
-    MMWIRE_SMEM_CHECK((vy1 - y0) * rows.pitch);
-    copy_rows(s0, row, vy1 - y0, (vx1 - x0) * CH, 15, (u8*)sm, rows.pitch);
+    const SourceRows source{s0, row};
     T* o0 = out + first_patch * 3 * pp;
-    copy_wait();
-    __syncthreads();  // the tile's pixels and the block's normalise table are in place
-    if ((p & 1) != 0) {
-      plain_runs<CH, 1>(rows, d, tb, o0, p, gw, nph, npw, vy1 - y0, vx1 - x0, y0, x0);
-    } else if constexpr (sizeof(T) == 4 || CH == 4) {
-      plain_runs<CH, 2>(rows, d, tb, o0, p, gw, nph, npw, vy1 - y0, vx1 - x0, y0, x0);
+    const int vh = vy1 - y0, vw = vx1 - x0;
+    // fp32 gray and RGB from the tile's pixels staged as they are in shared memory
+    // (copy_rows: all in flight at once, one wait), in rows of plain_pitch (the host's
+    // _plain_pitch) for the image's tile width; RGBA and the 16-bit types from the source,
+    // which measured faster for them (bench/results/20261201-plain-staging)
+    constexpr bool STAGE = sizeof(T) == 4 && CH != 4;
+    const StagedRows staged{plain_pitch((int)d[TILE_PW] * p * CH), (unsigned)(u64)s0,
+                            (unsigned)row};
+    if constexpr (STAGE) {
+      MMWIRE_SMEM_CHECK(vh * staged.pitch);
+      copy_rows(s0, row, vh, vw * CH, 15, (u8*)sm, staged.pitch);
+      copy_wait();
+    }
+    __syncthreads();  // the block's normalise table (and the staged pixels) are in place
+    if constexpr (STAGE) {
+      if ((p & 1) != 0) {
+        plain_runs<CH, 1>(staged, d, tb, o0, p, gw, nph, npw, vh, vw, y0, x0);
+      } else {
+        plain_runs<CH, 2>(staged, d, tb, o0, p, gw, nph, npw, vh, vw, y0, x0);
+      }
+    } else if ((p & 1) != 0) {
+      plain_runs<CH, 1>(source, d, tb, o0, p, gw, nph, npw, vh, vw, y0, x0);
+    } else if constexpr (CH == 4) {
+      plain_runs<CH, 2>(source, d, tb, o0, p, gw, nph, npw, vh, vw, y0, x0);
     } else {
-      plain_units<CH, UNIT_BYTES / sizeof(T)>(rows, d, tb, o0, p, gw, nph, npw, vy1 - y0,
-                                              vx1 - x0, y0, x0);
+      plain_units<CH, UNIT_BYTES / sizeof(T)>(source, d, tb, o0, p, gw, nph, npw, vh, vw, y0,
+                                              x0);
     }
     return;
   }
