@@ -103,7 +103,8 @@ enum Record {
 #define R_V_FIRST 2    // Pillow resizes this image vertically first
 #define R_WHOLE 4      // the window's rows start on a word and its groups lie in the image
 #define R_RAW 8        // gray or RGB passed horizontally first, whose window's rows start on a
-                       // word: staged as the source's bytes (mma_tile), if the source is too
+                       // word: staged as the source's bytes (mma_tile) when the source itself
+                       // starts on a word
 
 typedef long long i64;
 typedef unsigned long long u64;
@@ -710,10 +711,9 @@ __device__ __forceinline__ void copy_wait() {
 // passes through registers, so all a block's copies are in flight at once; each thread's
 // land by its copy_wait). A row's copies run from the granule of its first byte to that of
 // its last, so nothing unmapped is read. 2^lg threads take a row (at least its granules,
-// or a warp): a thread keeps its place in the row and moves nt >> lg rows at a time (nt
-// is a multiple of 2^lg: a whole number of warps, or any block of a launch whose rows
-// need no more than its threads... see the callers), with 32-bit offsets and one 64-bit
-// add a row.
+// at most a warp or the block): a thread keeps its place in the row and moves nt >> lg
+// rows at a time, with 32-bit offsets and one 64-bit add a row; threads past the last
+// whole group of 2^lg take no row.
 __device__ __forceinline__ void copy_rows(const u8* src, int stride, int rows, int bytes,
                                           int skew, u8* dst, int pitch) {
   const int tid = threadIdx.y * blockDim.x + threadIdx.x, nt = blockDim.x * blockDim.y;
