@@ -821,14 +821,50 @@ struct Lines {
   int plane, step, pitch;
 };
 
+// A warp's contiguous run of a pass's (M-block, channel, N-block) tasks: `blocks` M-blocks
+// of CH channels x lbs N-blocks (counted without dividing: (warp + 1) * tasks stays far
+// below 2^21, so div_small serves: 32 warps at most, and tasks = blocks * CH * lbs with
+// blocks <= MMA_MAX_BLOCKS and lbs a window's lines / 8), block by block: it loads the
+// block's A fragments (load_weights: frags, MMA_FRAGMENT_WORDS a block) and span (spans:
+// (at, steps) int32 pairs) and calls body(most_steps, a, j, c, lb, n, at) for block j's n
+// tasks from channel c's N-block lb (both 0 but for the run's first block), most_steps
+// Int<KS> when the block takes more than one 32-input step (the same for the whole warp),
+// else Int<1>.
+template <int CH, int KS, typename Body>
+__device__ __forceinline__ void warp_tasks(const int* __restrict__ frags,
+                                           const int* __restrict__ spans, int blocks, int lbs,
+                                           Body body) {
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5, warps = (blockDim.x * blockDim.y) >> 5;
+  const int per_block = CH * lbs, tasks = blocks * per_block;
+  const int first = div_small(warp * tasks, warps), last = div_small((warp + 1) * tasks, warps);
+  int j = div_small(first, per_block), lb = first - j * per_block, c = 0;
+  if (CH > 1) {
+    c = div_small(lb, lbs);
+    lb -= c * lbs;
+  }
+  for (int task = first; task < last; ++j, c = lb = 0) {
+    const int n = min(last, (j + 1) * per_block) - task;  // the warp's tasks of block j
+    task += n;
+    unsigned a[3][KS][4];
+    load_weights<KS>(frags + j * MMA_FRAGMENT_WORDS, lane, a);
+    const int at = __ldg(spans + 2 * j), steps = __ldg(spans + 2 * j + 1);
+    if (KS > 1 && steps > 1) {
+      body(Int<KS>(), a, j, c, lb, n, at);
+    } else {
+      body(Int<1>(), a, j, c, lb, n, at);
+    }
+  }
+}
+
 // One pass of a tile: `blocks` M-blocks of 16 outputs (their spans, from the host's
 // _mma_axis: the inputs each block reads, (at, steps) int32 pairs: from its first tap
 // aligned down to 4, so a lane's 4 k values are one aligned word, `steps` of 32; their A
 // fragments from frags on, MMA_FRAGMENT_WORDS a block) times CH channels x `lbs` N-blocks of
 // 8 lines of `in` (k = 0 at the first block's first input). Each warp takes a contiguous
-// run of the (M-block, channel, N-block) tasks, counted without dividing; for each M-block
-// of its run it loads the block's weights (load_weights), and out_at(j) gives the lane's
-// place for the block's first task (a task's output is out_plane a channel and out_step an
+// run of the (M-block, channel, N-block) tasks (warp_tasks); for each M-block of its run
+// out_at(j) gives the lane's place for the block's first task (a task's output is out_plane a channel and out_step an
 // N-block on). The block's tasks then go channel by channel, two at a time (their loads
 // and products interleave), in a loop compiled for the block's number of 32-input steps:
 // within a channel a task's lines and output move by adds, nothing decided per task.
@@ -840,66 +876,43 @@ __device__ __forceinline__ void mma_pass(const int* __restrict__ frags,
                                          const int* __restrict__ spans, int blocks, int lbs,
                                          const Lines& in, int out_plane,
                                          int out_step, OutAt out_at, Done done) {
-  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
-  const int lane = tid & 31;
-  // (warp + 1) * tasks stays far below 2^21, so div_small serves: 32 warps at most, and
-  // tasks = blocks * CH * lbs with blocks <= MMA_MAX_BLOCKS and lbs a window's lines / 8
-  const int warp = tid >> 5, warps = (blockDim.x * blockDim.y) >> 5;
-  const int per_block = CH * lbs, tasks = blocks * per_block;
-  const int first = div_small(warp * tasks, warps), last = div_small((warp + 1) * tasks, warps);
-  int j = div_small(first, per_block), lb = first - j * per_block, c = 0;
-  if (CH > 1) {
-    c = div_small(lb, lbs);
-    lb -= c * lbs;
-  }
+  const int lane = (threadIdx.y * blockDim.x + threadIdx.x) & 31;
   const u8* lane_in = in.base + (lane >> 2) * in.pitch + 4 * (lane & 3) - __ldg(spans);
-  for (int task = first; task < last; ++j) {
-    const int n = min(last, (j + 1) * per_block) - task;  // the warp's tasks of block j
-    task += n;
-    unsigned a[3][KS][4];
-    load_weights<KS>(frags + j * MMA_FRAGMENT_WORDS, lane, a);
-    const int at = __ldg(spans + 2 * j), steps = __ldg(spans + 2 * j + 1);
+  warp_tasks<CH, KS>(frags, spans, blocks, lbs, [&](auto most_steps,
+                                                    const unsigned (&a)[3][KS][4], int j,
+                                                    int c, int lb, int n, int at) {
+    constexpr int S = decltype(most_steps)::value;
     const u8* l0 = lane_in + at;  // its line's k words of the block's first step
     u8* o0 = out_at(j);
-    auto run = [&](auto most_steps) {
-      constexpr int S = decltype(most_steps)::value;
-      // channel by channel (c, from N-block lb): a run of N-blocks moves by adds alone
-      for (int left = n; left > 0; ++c, lb = 0) {
-        const int seg = min(left, lbs - lb);  // this channel's tasks
-        left -= seg;
-        const u8* l = l0 + c * in.plane + lb * in.step;
-        u8* o = o0 + c * out_plane + lb * out_step;
-        int k = seg;
+    // channel by channel (c, from N-block lb): a run of N-blocks moves by adds alone
+    for (int left = n; left > 0; ++c, lb = 0) {
+      const int seg = min(left, lbs - lb);  // this channel's tasks
+      left -= seg;
+      const u8* l = l0 + c * in.plane + lb * in.step;
+      u8* o = o0 + c * out_plane + lb * out_step;
+      int k = seg;
 #pragma unroll 1
-        for (; k >= 2; k -= 2) {  // two tasks at a time, their loads and products interleaved
-          int acc[3][4], acc2[3][4];
-          products<S>(a, l, acc);
-          products<S>(a, l + in.step, acc2);
-          unsigned v[2];
-          clamp_q22(acc, v);
-          done(o, v);
-          clamp_q22(acc2, v);
-          done(o + out_step, v);
-          l += 2 * in.step;
-          o += 2 * out_step;
-        }
-        if (k != 0) {
-          int acc[3][4];
-          products<S>(a, l, acc);
-          unsigned v[2];
-          clamp_q22(acc, v);
-          done(o, v);
-        }
+      for (; k >= 2; k -= 2) {  // two tasks at a time, their loads and products interleaved
+        int acc[3][4], acc2[3][4];
+        products<S>(a, l, acc);
+        products<S>(a, l + in.step, acc2);
+        unsigned v[2];
+        clamp_q22(acc, v);
+        done(o, v);
+        clamp_q22(acc2, v);
+        done(o + out_step, v);
+        l += 2 * in.step;
+        o += 2 * out_step;
       }
-    };
-    if (KS > 1 && steps > 1) {  // the same for the whole warp
-      run(Int<KS>());
-    } else {
-      run(Int<1>());
+      if (k != 0) {
+        int acc[3][4];
+        products<S>(a, l, acc);
+        unsigned v[2];
+        clamp_q22(acc, v);
+        done(o, v);
+      }
     }
-    c = lb = 0;  // the next block starts at its first channel's first N-block (a block
-                 // ends the warp's run, or its tasks run to the block's end)
-  }
+  });
 }
 
 // Four RGB pixels (12 bytes as three words) as one word a channel (byte e = pixel e).
@@ -949,41 +962,26 @@ __device__ __forceinline__ void mma_pass_rgb(const int* __restrict__ frags,
                                              const int* __restrict__ spans, int blocks, int lbs,
                                              const u8* lines, int pitch, int out_plane,
                                              int out_step, OutAt out_at, Done done) {
-  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
-  const int lane = tid & 31;
-  const int warp = tid >> 5, warps = (blockDim.x * blockDim.y) >> 5;
-  const int tasks = blocks * lbs;  // far below 2^21 / 32, as mma_pass's
-  const int first = div_small(warp * tasks, warps), last = div_small((warp + 1) * tasks, warps);
-  int j = div_small(first, lbs), lb = first - j * lbs;
+  const int lane = (threadIdx.y * blockDim.x + threadIdx.x) & 31;
   const u8* lane_in = lines + 12 * (lane & 3) - 3 * __ldg(spans);
-  for (int task = first; task < last; ++j, lb = 0) {
-    const int n = min(last, (j + 1) * lbs) - task;  // the warp's tasks of block j
-    task += n;
-    unsigned a[3][KS][4];
-    load_weights<KS>(frags + j * MMA_FRAGMENT_WORDS, lane, a);
-    const int at = __ldg(spans + 2 * j), steps = __ldg(spans + 2 * j + 1);
+  warp_tasks<1, KS>(frags, spans, blocks, lbs, [&](auto most_steps,
+                                                   const unsigned (&a)[3][KS][4], int j, int,
+                                                   int lb, int n, int at) {
+    constexpr int S = decltype(most_steps)::value;
     const u8* l = lane_in + 3 * at + lb * 8 * pitch;
     u8* o = out_at(j) + lb * out_step;
-    auto run = [&](auto most_steps) {
-      constexpr int S = decltype(most_steps)::value;
 #pragma unroll 1
-      for (int k = 0; k < n; ++k, l += 8 * pitch, o += out_step) {
-        int acc[3][3][4];
-        rgb_products<S>(a, l, acc);
+    for (int k = 0; k < n; ++k, l += 8 * pitch, o += out_step) {
+      int acc[3][3][4];
+      rgb_products<S>(a, l, acc);
 #pragma unroll
-        for (int c = 0; c < 3; ++c) {
-          unsigned v[2];
-          clamp_q22(acc[c], v);
-          done(o + c * out_plane, v);
-        }
+      for (int c = 0; c < 3; ++c) {
+        unsigned v[2];
+        clamp_q22(acc[c], v);
+        done(o + c * out_plane, v);
       }
-    };
-    if (KS > 1 && steps > 1) {  // the same for the whole warp
-      run(Int<KS>());
-    } else {
-      run(Int<1>());
     }
-  }
+  });
 }
 
 // A task's clamped bytes (mma_pass's v) where a lane's two outputs of a line are neighbours:
