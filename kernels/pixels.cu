@@ -556,9 +556,9 @@ __device__ __forceinline__ void run_values(const u8* __restrict__ s, int n, cons
   }
 }
 
-// An unresized tile's pixels at the start of the dynamic shared memory (fused_tile copies
-// its rows there with copy_rows, as they are): row ry at ry * pitch, after its skew (the
-// low bits of its source address: first + ry * stride, mod 16).
+// Rows copy_rows staged at the start of the dynamic shared memory, as they are (an
+// unresized tile's pixels, an MMA tile's raw window): row ry at ry * pitch, after its skew
+// (the low bits of its source address: first + ry * stride, mod 16).
 struct StagedRows {
   static constexpr bool SHARED = true;
   int pitch;
@@ -1196,8 +1196,8 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
     // intermediate, a line of the other axis per output
     auto mid_at = [&](int j) { return mid + (16 * j + g) * mp + 2 * t; };
     auto to_mid = [&](u8* m, const unsigned v[2]) { store_pairs(m, mp, v); };
-    if constexpr (RAW) {  // the lane's row g of the window, after its skew
-      const u8* lines = win + g * wp + (int)((u64)(s + (i64)g * rb) & 15);
+    if constexpr (RAW) {  // the lane's row g of the window (win is where copy_rows staged it)
+      const u8* lines = StagedRows{wp, (unsigned)(u64)s, (unsigned)rb}.row(g);
       if constexpr (CH == 3) {
         mma_pass_rgb<KS>(f1, s1, m1, lines1 >> 3, lines, wp, mid_plane, 8, mid_at, to_mid);
       } else {
