@@ -63,7 +63,7 @@ enum Field {
   OUT_ROW = 28,       // first row of this image among all output rows (resize-only launch)
   OUT_OFF = 29,       // byte offset of this image's uint8 HWC output (resize-only launch)
   TABLE = 30,         // element offset of this image's (3, 256) normalise table
-  ROW = 31,           // output row of this image's first patch (rows of other items may sit between)
+  ROW = 31,           // output row of this image's first patch (other items' rows may sit between)
   GRID_H = 32,        // patch rows of the canvas
   TILE_START = 33,    // first tile of this image among all tiles of the fused launch
   TILES_W = 34,       // tiles per canvas row
@@ -343,11 +343,18 @@ __device__ __forceinline__ void packed_pass(const unsigned* m, int step,
 __device__ __forceinline__ void store_pair8(void* p, unsigned x, unsigned y) {
   asm volatile("st.global.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(x), "r"(y));
 }
+
+// Four words as one 16-byte store to global memory (p 16-aligned), as store_pair8.
+__device__ __forceinline__ void store_quad16(void* p, unsigned x, unsigned y, unsigned z,
+                                             unsigned w) {
+  asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(x), "r"(y), "r"(z),
+               "r"(w));
+}
 #endif
 
 // V values of T as one store (o aligned to V elements): with V = 2, 8 bytes for fp32 and 4
-// for the 16-bit types; with V = 4 (16-bit types only), 8 bytes. A warp writes fewer, wider
-// stores.
+// for the 16-bit types; with V = 4, 16 bytes for fp32 (wide_units) and 8 for the 16-bit
+// types. A warp writes fewer, wider stores.
 template <int V, typename T>
 __device__ __forceinline__ void store_run(T* __restrict__ o, const T (&v)[V]) {
   if constexpr (V == 1) {
@@ -356,11 +363,25 @@ __device__ __forceinline__ void store_run(T* __restrict__ o, const T (&v)[V]) {
     *(unsigned long long*)o = (unsigned long long)v[0] | ((unsigned long long)v[1] << 32);
   } else if constexpr (V == 2) {
     *(unsigned*)o = (unsigned)v[0] | ((unsigned)v[1] << 16);
+  } else if constexpr (sizeof(T) == 4) {
+    static_assert(V == 4, "16-byte stores at most");
+    store_quad16(o, (unsigned)v[0], (unsigned)v[1], (unsigned)v[2], (unsigned)v[3]);
   } else {
-    static_assert(V == 4 && sizeof(T) == 2, "8-byte stores at most");
+    static_assert(V == 4, "8-byte stores at most");
     store_pair8(o, (unsigned)v[0] | ((unsigned)v[1] << 16),
                 (unsigned)v[2] | ((unsigned)v[3] << 16));
   }
+}
+
+// Whether a launch's fp32 patches go out as units of four values (WIDE_UNIT_BYTES, one
+// 16-byte store a plane; measured faster than pairs: bench/results/20261201-wide-stores):
+// only where `out` starts on 16 bytes, and then every patch does (3 p p fp32 values are
+// 48 (p / 2)^2 bytes for an even p). The host asks for 8 (UNIT_BYTES), so the rest go out
+// as pairs.
+#define WIDE_UNIT_BYTES 16
+template <typename T>
+__device__ __forceinline__ bool wide_units(const T* out) {
+  return sizeof(T) == 4 && ((unsigned long long)out & (WIDE_UNIT_BYTES - 1)) == 0;
 }
 
 template <int N>
@@ -480,7 +501,8 @@ __device__ __forceinline__ void load_bytes(const u8* p, unsigned (&out)[2]) {
 // The units of a tile's patches a thread writes, for an even p: U consecutive values of a
 // patch plane (a plane is p * p values, a multiple of 4, so with U = 2 or 4 a unit is one
 // aligned store: UNIT_BYTES = 8 bytes, U = 2 for fp32 and 4 for the 16-bit types, which
-// measured best), as U / 2 runs of a pixel pair of a patch row (a run never wraps a row).
+// measured best; or for fp32 U = 4, WIDE_UNIT_BYTES, where out allows it: wide_units), as
+// U / 2 runs of a pixel pair of a patch row (a run never wraps a row).
 // Units are counted without dividing: a thread's next is nt units on, nt / units patches
 // and nt % units units.
 #define UNIT_BYTES 8
@@ -600,10 +622,10 @@ __device__ __forceinline__ void plain_runs(const Rows& rows, const i64* d, const
   }
 }
 
-// The same for RGB and gray in the 16-bit types: a thread takes units (above) instead of a
-// pixel pair of each patch row it walks, so each plane's four values go out in one 8-byte
-// store (fp32 keeps the pairs: its units measured slower; RGBA too: its composite needs the
-// registers).
+// The same for RGB and gray in the 16-bit types, and fp32's staged tiles where wide_units: a
+// thread takes units (above) instead of a pixel pair of each patch row it walks, so each
+// plane's four values go out in one store, of 8 or 16 bytes (fp32 from the source keeps
+// the pairs: its units measured slower; RGBA too: its composite needs the registers).
 template <int CH, int U, typename Rows, typename T>
 __device__ __forceinline__ void plain_units(const Rows& rows, const i64* d, const T* tb,
                                             T* __restrict__ o0, int p, int gw, int nph, int npw,
@@ -864,10 +886,11 @@ __device__ __forceinline__ void warp_tasks(const int* __restrict__ frags,
 // fragments from frags on, MMA_FRAGMENT_WORDS a block) times CH channels x `lbs` N-blocks of
 // 8 lines of `in` (k = 0 at the first block's first input). Each warp takes a contiguous
 // run of the (M-block, channel, N-block) tasks (warp_tasks); for each M-block of its run
-// out_at(j) gives the lane's place for the block's first task (a task's output is out_plane a channel and out_step an
-// N-block on). The block's tasks then go channel by channel, two at a time (their loads
-// and products interleave), in a loop compiled for the block's number of 32-input steps:
-// within a channel a task's lines and output move by adds, nothing decided per task.
+// out_at(j) gives the lane's place for the block's first task (a task's output is out_plane
+// a channel and out_step an N-block on). The block's tasks then go channel by channel, two
+// at a time (their loads and products interleave), in a loop compiled for the block's
+// number of 32-input steps: within a channel a task's lines and output move by adds,
+// nothing decided per task.
 // done(m, v) gets each task's place m and four clamped bytes as two byte pairs: v[0] at
 // output 16 j + g, lines 2 t (byte 0) and 2 t + 1 (byte 1) of the N-block; v[1] at output
 // 16 j + g + 8. KS: the most 32-input steps of the tile's blocks.
@@ -1056,7 +1079,8 @@ __device__ __forceinline__ void load_planes(const u8* __restrict__ row, int c, i
 // columns (VFIRST: the window is staged transposed); it writes the intermediate with the
 // other axis contiguous, so the second pass reads its lines the same way. The second pass
 // writes bytes, row-major in both orders; the patches are written from them after a
-// barrier, as units of 8 bytes (an unresized tile's way), not by the lanes of the products.
+// barrier, as units of 8 bytes (16 for fp32 where wide_units; an unresized tile's way), not
+// by the lanes of the products.
 // RGBA is premultiplied as it is staged (its alpha a fourth plane), and unpremultiplied and
 // composited as the patches are written (with its descriptor, copied into d meanwhile).
 // RAW (never with VFIRST or RGBA): the window is one plane of the source's rows, copied with
@@ -1243,40 +1267,47 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
   // composited first, inside the resized image only)
   T* o0 = out + (i64)rec[R_PATCH] * 3 * p * p;  // patch offsets are 32-bit
   const int pp = p * p, gw = rec[R_GRID_W];
-  constexpr int U = UNIT_BYTES / sizeof(T);
-  for (Units<U> k(p, npw); k.ky < nph; k.next(npw)) {
-    T r[3][U];
+  auto write_units = [&](auto unit) {
+    constexpr int U = decltype(unit)::value;
+    for (Units<U> k(p, npw); k.ky < nph; k.next(npw)) {
+      T r[3][U];
 #pragma unroll
-    for (int run = 0; run < U / 2; ++run) {
-      int ry, cx;
-      k.run_at(run, p, ry, cx);
-      const u8* b = ob + ry * op + cx;
-      if constexpr (CH == 4) {
-        unsigned pair[4];
+      for (int run = 0; run < U / 2; ++run) {
+        int ry, cx;
+        k.run_at(run, p, ry, cx);
+        const u8* b = ob + ry * op + cx;
+        if constexpr (CH == 4) {
+          unsigned pair[4];
 #pragma unroll
-        for (int c = 0; c < 4; ++c) pair[c] = *(const unsigned short*)(b + c * out_plane);
-        const int y = rec[R_GY0] * p + ry, x = rec[R_GX0] * p + cx;
+          for (int c = 0; c < 4; ++c) pair[c] = *(const unsigned short*)(b + c * out_plane);
+          const int y = rec[R_GY0] * p + ry, x = rec[R_GX0] * p + cx;
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          int v[4], rgb[3] = {0, 0, 0};
+          for (int i = 0; i < 2; ++i) {
+            int v[4], rgb[3] = {0, 0, 0};
 #pragma unroll
-          for (int c = 0; c < 4; ++c) v[c] = (int)((pair[c] >> (8 * i)) & 255u);
-          if (y < (int)d[OUT_H] && x + i < (int)d[OUT_W]) to_rgb<4>(d, y, x + i, v, rgb);
+            for (int c = 0; c < 4; ++c) v[c] = (int)((pair[c] >> (8 * i)) & 255u);
+            if (y < (int)d[OUT_H] && x + i < (int)d[OUT_W]) to_rgb<4>(d, y, x + i, v, rgb);
 #pragma unroll
-          for (int c = 0; c < 3; ++c) r[c][2 * run + i] = tb[256 * c + rgb[c]];
-        }
-      } else {
+            for (int c = 0; c < 3; ++c) r[c][2 * run + i] = tb[256 * c + rgb[c]];
+          }
+        } else {
 #pragma unroll
-        for (int c = 0; c < 3; ++c) {  // gray fills all three planes
-          const unsigned pair = *(const unsigned short*)(b + (CH == 1 ? 0 : c * out_plane));
-          r[c][2 * run] = tb[256 * c + (pair & 255u)];
-          r[c][2 * run + 1] = tb[256 * c + (pair >> 8)];
+          for (int c = 0; c < 3; ++c) {  // gray fills all three planes
+            const unsigned pair = *(const unsigned short*)(b + (CH == 1 ? 0 : c * out_plane));
+            r[c][2 * run] = tb[256 * c + (pair & 255u)];
+            r[c][2 * run + 1] = tb[256 * c + (pair >> 8)];
+          }
         }
       }
-    }
-    T* o = o0 + k.offset(p, gw);
+      T* o = o0 + k.offset(p, gw);
 #pragma unroll
-    for (int c = 0; c < 3; ++c) store_run<U>(o + c * pp, r[c]);
+      for (int c = 0; c < 3; ++c) store_run<U>(o + c * pp, r[c]);
+    }
+  };
+  if (wide_units(out)) {
+    write_units(Int<4>());
+  } else {
+    write_units(Int<UNIT_BYTES / sizeof(T)>());
   }
 }
 
@@ -1346,8 +1377,9 @@ __device__ __forceinline__ void fused_tile(const u8* __restrict__ src, const u8*
     const int vh = vy1 - y0, vw = vx1 - x0;
     // fp32 gray and RGB from the tile's pixels staged as they are in shared memory
     // (copy_rows: all in flight at once, one wait), in rows of plain_pitch (the host's
-    // _plain_pitch) for the image's tile width; RGBA and the 16-bit types from the source,
-    // which measured faster for them (bench/results/20261201-plain-staging)
+    // _plain_pitch) for the image's tile width, written as 16-byte units where wide_units;
+    // RGBA and the 16-bit types from the source, which measured faster for them
+    // (bench/results/20261201-plain-staging)
     constexpr bool STAGE = sizeof(T) == 4 && CH != 4;
     const StagedRows staged{plain_pitch((int)d[TILE_PW] * p * CH), (unsigned)(u64)s0,
                             (unsigned)row};
@@ -1360,6 +1392,8 @@ __device__ __forceinline__ void fused_tile(const u8* __restrict__ src, const u8*
     if constexpr (STAGE) {
       if ((p & 1) != 0) {
         plain_runs<CH, 1>(staged, d, tb, o0, p, gw, nph, npw, vh, vw, y0, x0);
+      } else if (wide_units(out)) {
+        plain_units<CH, 4>(staged, d, tb, o0, p, gw, nph, npw, vh, vw, y0, x0);
       } else {
         plain_runs<CH, 2>(staged, d, tb, o0, p, gw, nph, npw, vh, vw, y0, x0);
       }

@@ -64,6 +64,7 @@ class HostLauncher:
     ) -> None:
         self._lib = ctypes.CDLL(str(lib))
         self._lib.host_smem_overflows.restype = ctypes.c_ulong
+        self._lib.host_misaligned_stores.restype = ctypes.c_ulong
         self.block = block
         """The fused kernel's threads per block here (whatever the caller asks)."""
         self._tensor_cores = tensor_cores
@@ -134,6 +135,7 @@ class HostLauncher:
         assert smem <= 160 * 1024, smem  # the shim's arena
         fn = self._lib.host_fused_u32 if bits == 32 else self._lib.host_fused_u16
         overflows = self._lib.host_smem_overflows()
+        misaligned = self._lib.host_misaligned_stores()
         fn(
             _dims(grid),
             _dims(self.mma_block if kind == "mma" else self.block),
@@ -151,3 +153,4 @@ class HostLauncher:
             ctypes.c_uint(smem),
         )
         assert self._lib.host_smem_overflows() == overflows, "a tile outgrew its shared memory"
+        assert self._lib.host_misaligned_stores() == misaligned, "a wide store off its alignment"

@@ -94,6 +94,9 @@ def case(name: str, rng: np.random.Generator) -> Items:
                 (99, 97, 3),
             )
         ]
+    if name == "plain_and_mma":  # unresized (plain tiles, one staged fp32) and resized
+        # on both axes (MMA tiles), for the stores' widths (kernels_into)
+        return [(u8(h, w, c), SMALL) for h, w, c in ((60, 90, 3), (45, 70, 1), (200, 260, 3))]
     raise KeyError(name)
 
 
@@ -123,6 +126,24 @@ def kernels(
     src, shapes = pack([torch.from_numpy(im).to(device) for im, _ in items])
     specs = [cfg.spec_for(im.shape[1], im.shape[0]) for im, cfg in items]
     return preprocess_packed(src, shapes, specs, dtype, launcher=launcher)
+
+
+def kernels_into(
+    items: Items, dtype: torch.dtype, device: str, skew: int, launcher: Launcher | None = None
+) -> torch.Tensor:
+    """The kernels' patches written into an ``out`` that starts ``skew`` values past a fresh
+    allocation's start: fp32 goes out as 16-byte stores only where ``out`` starts on 16
+    bytes, as pairs where it starts on 8 (the least the kernels accept)."""
+    src, shapes = pack([torch.from_numpy(im).to(device) for im, _ in items])
+    specs = [cfg.spec_for(im.shape[1], im.shape[0]) for im, cfg in items]
+    p = specs[0].patch_size
+    rows = sum(spec.plan.grid.patches for spec in specs)
+    out = torch.empty(rows * 3 * p * p + skew, dtype=dtype, device=device)[skew:]
+    pv, _ = preprocess_packed(
+        src, shapes, specs, dtype, out=out.view(rows, 3, p, p), launcher=launcher
+    )
+    assert pv.data_ptr() == out.data_ptr()
+    return pv
 
 
 def differing(a: torch.Tensor, b: torch.Tensor) -> int:

@@ -91,6 +91,20 @@ def test_cuda_mma_kernel_stages_planes_from_a_source_off_a_word(rng: np.random.G
         assert differing(got_pv, want_pv) == 0
 
 
+@pytest.mark.parametrize("skew", [0, 2], ids=["out-on-16-bytes", "out-on-8-bytes"])
+def test_cuda_fp32_patches_are_the_same_bytes_for_either_store_width(
+    rng: np.random.Generator, skew: int
+) -> None:
+    # a 16-byte store off 16 bytes faults: on 8 bytes the kernels must write pairs
+    from kernel_cases import case, differing, kernels_into, reference
+
+    items = case("plain_and_mma", rng)
+    want_pv, _ = reference(items, torch.float32)
+    got_pv = kernels_into(items, torch.float32, "cuda", skew)
+    assert got_pv.data_ptr() % 16 == (0 if skew == 0 else 8)
+    assert differing(got_pv, want_pv) == 0
+
+
 def test_cuda_tensor_cores_equal_the_general_kernel_in_both_pass_orders(
     rng: np.random.Generator,
 ) -> None:

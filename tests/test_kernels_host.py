@@ -15,7 +15,16 @@ import numpy as np
 import pytest
 import torch
 from host_kernels import HostLauncher, build
-from kernel_cases import CASES, DTYPES, SMALL, case, differing, kernels, reference
+from kernel_cases import (
+    CASES,
+    DTYPES,
+    SMALL,
+    case,
+    differing,
+    kernels,
+    kernels_into,
+    reference,
+)
 from mmwire.kernels import (
     FIELDS,
     RECORD_FIELDS,
@@ -436,6 +445,19 @@ def test_host_mma_kernel_stages_planes_from_a_source_off_a_word(
     for source in (src, off):
         got_pv, _ = preprocess_packed(source, shapes, specs, torch.bfloat16, launcher=host)
         assert differing(got_pv, want_pv) == 0
+
+
+@pytest.mark.parametrize("skew", [0, 2], ids=["out-on-16-bytes", "out-on-8-bytes"])
+def test_host_fp32_patches_are_the_same_bytes_for_either_store_width(
+    host: HostLauncher, rng: np.random.Generator, skew: int
+) -> None:
+    # fp32 units of four values (16-byte stores) need `out` on 16 bytes; on 8, the pairs.
+    # The host launcher fails any launch that stores off its width's alignment
+    items = case("plain_and_mma", rng)
+    want_pv, _ = reference(items, torch.float32)
+    got_pv = kernels_into(items, torch.float32, "cpu", skew, host)
+    assert got_pv.data_ptr() % 16 == (0 if skew == 0 else 8)
+    assert differing(got_pv, want_pv) == 0
 
 
 def test_host_kernels_without_tensor_cores_take_the_general_kernel(

@@ -99,3 +99,6 @@ extern "C" void host_fused_u16(const unsigned* grid, const unsigned* block, cons
 
 // How many MMA tiles so far laid out more shared memory than their launch asked for.
 extern "C" unsigned long host_smem_overflows() { return mmwire_smem_overflows; }
+
+// How many 8- or 16-byte stores so far were off their size's alignment (a fault on the GPU).
+extern "C" unsigned long host_misaligned_stores() { return mmwire_misaligned_stores; }
