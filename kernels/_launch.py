@@ -8,6 +8,7 @@ the caller's torch work and need no synchronisation.
 
 from __future__ import annotations
 
+import ctypes
 from functools import cache
 from pathlib import Path
 from typing import Any, Protocol
@@ -80,11 +81,14 @@ class Launcher(Protocol):
         out: torch.Tensor,
         patch: int,
         first_tile: int,
+        overlap: bool = False,
     ) -> None:
         """Resize (or its last pass), composite, pad, normalise and patchify, per tile, for
         the tiles ``first_tile ..`` of images with ``channels`` channels and ``kind``
         (``Layout.tile_groups``). ``tiles``: each tile's image (``Layout.tile_image``), or
-        for the MMA kind this launch's tile records (its rows of ``Layout.tile_records``)."""
+        for the MMA kind this launch's tile records (its rows of ``Layout.tile_records``).
+        ``overlap``: this launch follows another fused launch of the same call, and may
+        start while that one finishes (the kernel orders its end after that one's)."""
 
 
 @cache
@@ -142,14 +146,22 @@ class CupyLauncher:
         }
         self._streams: dict[int, Any] = {}
         self._dynamic_smem: dict[str, int] = {}  # what each kernel may take now, once asked
-        self._tensor_cores = torch.cuda.get_device_capability(self._index) >= (8, 0)
+        capability = torch.cuda.get_device_capability(self._index)
+        self._tensor_cores = capability >= (8, 0)
+        self._overlap = capability >= (9, 0) and _launch_ex() is not None
 
     @property
     def tensor_cores(self) -> bool:
         return self._tensor_cores
 
     def _launch(
-        self, name: str, grid: Dims, block: Dims, args: tuple[Any, ...], smem: int = 0
+        self,
+        name: str,
+        grid: Dims,
+        block: Dims,
+        args: tuple[Any, ...],
+        smem: int = 0,
+        overlap: bool = False,
     ) -> None:
         if grid[0] <= 0 or grid[1] <= 0:
             return
@@ -172,7 +184,10 @@ class CupyLauncher:
             if smem > allowed:
                 fn.max_dynamic_shared_size_bytes = smem
                 self._dynamic_smem[name] = smem
-            fn(grid, block, tuple(_arg(a) for a in args), shared_mem=smem)
+            if overlap:
+                _launch_overlapping(fn, grid, block, args, smem, handle)
+            else:
+                fn(grid, block, tuple(_arg(a) for a in args), shared_mem=smem)
 
     def pass1(
         self,
@@ -216,9 +231,47 @@ class CupyLauncher:
         out: torch.Tensor,
         patch: int,
         first_tile: int,
+        overlap: bool = False,
     ) -> None:
-        args = (src, mid, desc, tab, table, tiles, out, np.int32(patch), np.int32(first_tile))
-        self._launch(_FUSED[bits, channels, kind], grid, block, args, smem)
+        overlap = overlap and self._overlap
+        ints = (np.int32(patch), np.int32(first_tile), np.int32(overlap))
+        args = (src, mid, desc, tab, table, tiles, out, *ints)
+        self._launch(_FUSED[bits, channels, kind], grid, block, args, smem, overlap)
+
+
+@cache
+def _launch_ex() -> Any:
+    """``cuLaunchKernelEx`` and its types from cuda-bindings, or None without them (CuPy
+    launches take no attributes)."""
+    try:
+        from cuda.bindings import driver
+    except ImportError:
+        return None
+    attr = driver.CUlaunchAttribute()
+    attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    attr.value.programmaticStreamSerializationAllowed = 1
+    return driver, attr
+
+
+def _launch_overlapping(
+    fn: Any, grid: Dims, block: Dims, args: tuple[Any, ...], smem: int, stream: int
+) -> None:
+    """Launch ``fn`` with programmatic stream serialization (compute capability 9.0): its
+    blocks may start once every block of the launch before it on ``stream`` has started
+    and let it (``let_next_launch_start`` in ``pixels.cu``)."""
+    driver, attr = _launch_ex()
+    config = driver.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = grid[0], grid[1], 1
+    config.blockDimX, config.blockDimY, config.blockDimZ = block[0], block[1], 1
+    config.sharedMemBytes = smem
+    config.hStream = driver.CUstream(stream)
+    config.attrs = [attr]
+    config.numAttrs = 1
+    values = tuple(a.data_ptr() if isinstance(a, torch.Tensor) else int(a) for a in args)
+    types = tuple(ctypes.c_void_p if isinstance(a, torch.Tensor) else ctypes.c_int for a in args)
+    (err,) = driver.cuLaunchKernelEx(config, driver.CUfunction(fn.kernel.ptr), (values, types), 0)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuLaunchKernelEx failed: {err}")
 
 
 def _arg(a: Any) -> Any:

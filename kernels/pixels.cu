@@ -1486,6 +1486,26 @@ __device__ __forceinline__ void fused_tile(const u8* __restrict__ src, const u8*
   }
 }
 
+// Programmatic dependent launch (compute capability 9.0; no-ops elsewhere): the host
+// launches each fused launch of a call after its first with programmatic stream
+// serialization (`overlapping`), so its blocks may start while the launch before it
+// finishes (its last blocks leave multiprocessors idle), once every block of that launch
+// has started and let it (let_next_launch_start). They may: the launches of a call write
+// other patches and read nothing another writes (resize_pass1's intermediate is complete
+// before the first starts). wait_for_previous_launch returns once the launch before has
+// completed and its writes are visible.
+__device__ __forceinline__ void let_next_launch_start() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void wait_for_previous_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // The whole pixel pipeline (after resize_pass1 for images that are not TILED): resize,
 // composite, zero pad, normalise and patchify into (sum patches, 3, p, p). Grid: one block
 // per tile, one launch per channel count and kind (`tiles` names each tile's image, this
@@ -1493,7 +1513,8 @@ __device__ __forceinline__ void fused_tile(const u8* __restrict__ src, const u8*
 // Record). KIND: GENERAL (any block shape, (p / 2, 256 / (p / 2))
 // on the GPU for an even p, (p, 256 / p) for an odd one), PLAIN (unresized TILED images
 // only: no resize code, no window), MMA (resized on both axes, either pass order, p
-// even: the tensor-core passes; blocks of whole warps, (32, 8) on the GPU).
+// even: the tensor-core passes; blocks of whole warps, (32, 8) on the GPU). overlapping:
+// 1 where the host launched this launch to overlap the call's launch before it (above).
 // Dynamic shared memory: the largest TILED window plus intermediate of the launch (none for
 // PLAIN). T is the output's bit pattern (32 or 16 bits).
 // Blocks have at most FUSED_THREADS threads; asking for a number of resident blocks a
@@ -1512,50 +1533,60 @@ __global__ void __launch_bounds__(FUSED_THREADS, KIND == PLAIN ? FUSED_PLAIN_MIN
                                                                : FUSED_MIN_BLOCKS)
     fused(const u8* __restrict__ src, const u8* __restrict__ mid, const i64* __restrict__ desc,
           const int* __restrict__ tab, const T* __restrict__ table,
-          const int* __restrict__ tiles, T* __restrict__ out, int p, int first_tile) {
+          const int* __restrict__ tiles, T* __restrict__ out, int p, int first_tile,
+          int overlapping) {
   __shared__ i64 d[NF];
   __shared__ __align__(8) T tb[3 * 256];
-  if constexpr (KIND == MMA) {  // its record (five 16-byte loads), then straight to staging
-    int rec[NR];
-    const uint4* at = (const uint4*)tiles + (i64)blockIdx.x * (NR / 4);
+  let_next_launch_start();
+  [&] {  // the tile
+    if constexpr (KIND == MMA) {  // its record (five 16-byte loads), then straight to staging
+      int rec[NR];
+      const uint4* at = (const uint4*)tiles + (i64)blockIdx.x * (NR / 4);
 #pragma unroll
-    for (int i = 0; i < NR / 4; ++i) {
-      const uint4 w = __ldg(at + i);
-      rec[4 * i] = (int)w.x;
-      rec[4 * i + 1] = (int)w.y;
-      rec[4 * i + 2] = (int)w.z;
-      rec[4 * i + 3] = (int)w.w;
+      for (int i = 0; i < NR / 4; ++i) {
+        const uint4 w = __ldg(at + i);
+        rec[4 * i] = (int)w.x;
+        rec[4 * i + 1] = (int)w.y;
+        rec[4 * i + 2] = (int)w.z;
+        rec[4 * i + 3] = (int)w.w;
+      }
+      u8* sm = (u8*)dynamic_smem();
+      if (rec[R_FLAGS] & R_V_FIRST) {
+        mma_tile<CH, true, false, T>(src, desc, tab, table, rec, d, tb, out, p, sm);
+      } else if (CH != 4 && (rec[R_FLAGS] & R_RAW) && ((u64)src & 3) == 0) {
+        mma_tile<CH, false, CH != 4, T>(src, desc, tab, table, rec, d, tb, out, p, sm);
+      } else {
+        mma_tile<CH, false, false, T>(src, desc, tab, table, rec, d, tb, out, p, sm);
+      }
+      return;
     }
-    u8* sm = (u8*)dynamic_smem();
-    if (rec[R_FLAGS] & R_V_FIRST) {
-      mma_tile<CH, true, false, T>(src, desc, tab, table, rec, d, tb, out, p, sm);
-    } else if (CH != 4 && (rec[R_FLAGS] & R_RAW) && ((u64)src & 3) == 0) {
-      mma_tile<CH, false, CH != 4, T>(src, desc, tab, table, rec, d, tb, out, p, sm);
-    } else {
-      mma_tile<CH, false, false, T>(src, desc, tab, table, rec, d, tb, out, p, sm);
-    }
-    return;
+    const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+    const int nt = blockDim.x * blockDim.y;
+    const int t = first_tile + (int)blockIdx.x;
+    const i64 image = tiles[t];
+#pragma unroll 1
+    for (int i = tid; i < NF; i += nt) d[i] = desc[image * NF + i];
+    __syncthreads();
+    const int tile = t - (int)d[TILE_START];
+    // the table as 8-byte words (each image's starts at a multiple of 768 values)
+    const u64* tw = (const u64*)(table + d[TABLE]);
+#pragma unroll 1
+    for (int i = tid; i < (int)(3 * 256 * sizeof(T) / 8); i += nt) ((u64*)tb)[i] = tw[i];
+    fused_tile<CH, KIND == PLAIN, T>(src, mid, d, tab, tb, out, tile, p, dynamic_smem());
+  }();
+  // overlapping (the host launched this one to overlap the call's launch before it): the
+  // last block ends only after that launch has, its patches visible, so whatever the stream
+  // runs after this launch comes after that one too
+  if (overlapping != 0 && blockIdx.x == gridDim.x - 1 && threadIdx.x == 0 && threadIdx.y == 0) {
+    wait_for_previous_launch();
   }
-  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
-  const int nt = blockDim.x * blockDim.y;
-  const int t = first_tile + (int)blockIdx.x;
-  const i64 image = tiles[t];
-#pragma unroll 1
-  for (int i = tid; i < NF; i += nt) d[i] = desc[image * NF + i];
-  __syncthreads();
-  const int tile = t - (int)d[TILE_START];
-  // the table as 8-byte words (each image's starts at a multiple of 768 values)
-  const u64* tw = (const u64*)(table + d[TABLE]);
-#pragma unroll 1
-  for (int i = tid; i < (int)(3 * 256 * sizeof(T) / 8); i += nt) ((u64*)tb)[i] = tw[i];
-  fused_tile<CH, KIND == PLAIN, T>(src, mid, d, tab, tb, out, tile, p, dynamic_smem());
 }
 
 #ifndef __CUDACC_RTC__
 // nvcc (the CI compile check) instantiates what NVRTC gets through name expressions.
 #define MMWIRE_FUSED(T, CH, KIND)                                                   \
   template __global__ void fused<T, CH, KIND>(const u8*, const u8*, const i64*, const int*, \
-                                              const T*, const int*, T*, int, int);
+                                              const T*, const int*, T*, int, int, int);
 #define MMWIRE_FUSED_ALL(T) \
   MMWIRE_FUSED(T, 1, 0)     \
   MMWIRE_FUSED(T, 3, 0)     \

@@ -128,7 +128,10 @@ class HostLauncher:
         out: torch.Tensor,
         patch: int,
         first_tile: int,
+        overlap: bool = False,
     ) -> None:
+        # launches run one after the other here, whatever `overlap` allows (the kernel's
+        # wait for the launch before is a no-op);
         # the block's threads are real threads here: a few, in a shape that does not divide
         # the patch, so every block-stride loop wraps (the GPU runs (p / 2, 256 / (p / 2)));
         # the MMA kind's warps take turns over its tasks as the GPU's eight do
@@ -148,6 +151,7 @@ class HostLauncher:
             _p(out),
             ctypes.c_int(patch),
             ctypes.c_int(first_tile),
+            ctypes.c_int(overlap),
             ctypes.c_int(channels),
             ctypes.c_int(KINDS[kind]),
             ctypes.c_uint(smem),

@@ -166,11 +166,19 @@ def test_cuda_launcher_opts_in_when_the_kernels_own_arrays_pass_48_kib(
         tensor_cores = False  # type: ignore[assignment]
 
         def fused(
-            self, bits: int, channels: int, kind: Kind, grid: Any, block: Any, smem: int, *rest: Any
+            self,
+            bits: int,
+            channels: int,
+            kind: Kind,
+            grid: Any,
+            block: Any,
+            smem: int,
+            *rest: Any,
+            **kw: Any,
         ) -> None:
             assert kind != "mma"
             more = 48 * 1024 if kind == "general" else smem  # the kernel uses what it needs
-            super().fused(bits, channels, kind, grid, block, more, *rest)
+            super().fused(bits, channels, kind, grid, block, more, *rest, **kw)
 
     cfg = ProcessorConfig(in_patch_limit=1024)
     images = [rng.integers(0, 256, s, dtype=np.uint8) for s in ((700, 900, 3), (333, 517, 3))]
@@ -179,6 +187,30 @@ def test_cuda_launcher_opts_in_when_the_kernels_own_arrays_pass_48_kib(
     want, _ = preprocess_packed(src, packed, specs, launcher=CupyLauncher(src.device))
     got, _ = preprocess_packed(src, packed, specs, launcher=GeneralAtTheLimit(src.device))
     assert differing(got, want) == 0
+
+
+def test_cuda_overlapping_launches_end_before_the_streams_next_work(
+    rng: np.random.Generator,
+) -> None:
+    # the plain launch may start while the (long) MMA launch before it finishes; what the
+    # stream runs next must still see every patch: read `out`, filled with NaN first, on
+    # the GPU right after each call (a host copy would be too slow to catch it)
+    from kernel_cases import differing
+    from mmwire.kernels import pack, preprocess_packed
+    from mmwire.materialize import ProcessorConfig, preprocess_images
+
+    cfg = ProcessorConfig()
+    shapes = ((3000, 4000, 3), (2000, 3000, 3), (480, 640, 3), (512, 512, 3))
+    images = [rng.integers(0, 256, s, dtype=np.uint8) for s in shapes]
+    specs = [cfg.spec_for(im.shape[1], im.shape[0]) for im in images]
+    src, packed = pack([torch.from_numpy(im).cuda() for im in images])
+    want, _ = preprocess_images(images, cfg)
+    out = torch.empty(want.shape, dtype=torch.float32, device="cuda")
+    for _ in range(5):
+        out.fill_(float("nan"))
+        preprocess_packed(src, packed, specs, out=out)
+        assert not bool(torch.isnan(out).any())  # on the stream, right after the launches
+    assert differing(out, want) == 0
 
 
 @pytest.mark.parametrize("resizing", [False, True])

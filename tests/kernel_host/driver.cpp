@@ -66,10 +66,12 @@ extern "C" void host_pass2(const unsigned* grid, const unsigned* block, const u8
 template <typename T>
 static void fused_any(const unsigned* grid, const unsigned* block, const u8* src, const u8* mid,
                       const i64* desc, const int* tab, const T* table, const int* tiles, T* out,
-                      int p, int first, int ch, int kind, unsigned smem) {
+                      int p, int first, int overlapping, int ch, int kind, unsigned smem) {
   mmwire_smem_asked = smem;
   run_threads(grid, block, [&] {
-    auto launch = [&](auto kernel) { kernel(src, mid, desc, tab, table, tiles, out, p, first); };
+    auto launch = [&](auto kernel) {
+      kernel(src, mid, desc, tab, table, tiles, out, p, first, overlapping);
+    };
     if (ch == 1 && kind == GENERAL) launch(fused<T, 1, GENERAL>);
     if (ch == 3 && kind == GENERAL) launch(fused<T, 3, GENERAL>);
     if (ch == 4 && kind == GENERAL) launch(fused<T, 4, GENERAL>);
@@ -85,16 +87,19 @@ static void fused_any(const unsigned* grid, const unsigned* block, const u8* src
 extern "C" void host_fused_u32(const unsigned* grid, const unsigned* block, const u8* src,
                                const u8* mid, const i64* desc, const int* tab,
                                const unsigned int* table, const int* tiles, unsigned int* out,
-                               int p, int first, int ch, int kind, unsigned smem) {
-  fused_any(grid, block, src, mid, desc, tab, table, tiles, out, p, first, ch, kind, smem);
+                               int p, int first, int overlapping, int ch, int kind,
+                               unsigned smem) {
+  fused_any(grid, block, src, mid, desc, tab, table, tiles, out, p, first, overlapping, ch, kind,
+            smem);
 }
 
 extern "C" void host_fused_u16(const unsigned* grid, const unsigned* block, const u8* src,
                                const u8* mid, const i64* desc, const int* tab,
                                const unsigned short* table, const int* tiles,
-                               unsigned short* out, int p, int first, int ch, int kind,
-                               unsigned smem) {
-  fused_any(grid, block, src, mid, desc, tab, table, tiles, out, p, first, ch, kind, smem);
+                               unsigned short* out, int p, int first, int overlapping, int ch,
+                               int kind, unsigned smem) {
+  fused_any(grid, block, src, mid, desc, tab, table, tiles, out, p, first, overlapping, ch, kind,
+            smem);
 }
 
 // How many MMA tiles so far laid out more shared memory than their launch asked for.
