@@ -94,8 +94,8 @@ def case(name: str, rng: np.random.Generator) -> Items:
                 (99, 97, 3),
             )
         ]
-    if name == "plain_and_mma":  # unresized (plain tiles, one staged fp32) and resized
-        # on both axes (MMA tiles), for the stores' widths (kernels_into)
+    if name == "plain_and_mma":  # unresized RGB and gray (plain tiles, staged in fp32) and
+        # RGB resized on both axes (MMA tiles), for the stores' widths (kernels_into)
         return [(u8(h, w, c), SMALL) for h, w, c in ((60, 90, 3), (45, 70, 1), (200, 260, 3))]
     raise KeyError(name)
 
