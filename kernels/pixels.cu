@@ -800,22 +800,27 @@ __device__ __forceinline__ void load_weights(const int* __restrict__ frags, int 
 // first product of that plane starts from it, so the clamp adds nothing.
 #define MMA_BIAS_HIGH (1 << (21 - 16))
 
+// acc += the three byte planes' products of 32-input step s with B words (b0, b1); FIRST:
+// acc = them, the high plane's from the rounding (MMA_BIAS_HIGH).
+template <bool FIRST, int KS>
+__device__ __forceinline__ void plane_products(const unsigned (&a)[3][KS][4], int s, unsigned b0,
+                                               unsigned b1, int (&acc)[3][4]) {
+  mma_k32<false, FIRST>(acc[0], a[0][s], b0, b1);
+  mma_k32<false, FIRST>(acc[1], a[1][s], b0, b1);
+  mma_k32<true, FIRST>(acc[2], a[2][s], b0, b1, FIRST ? MMA_BIAS_HIGH : 0);
+}
+
 // acc = the three byte planes' products of one N-block (its lane's k words at l) over S
 // 32-input steps, the high plane's with the rounding (MMA_BIAS_HIGH).
 template <int S, int KS>
 __device__ __forceinline__ void products(const unsigned (&a)[3][KS][4], const u8* l,
                                          int (&acc)[3][4]) {
-  const unsigned b0 = *(const unsigned*)l, b1 = *(const unsigned*)(l + 16);
-  mma_k32<false, true>(acc[0], a[0][0], b0, b1);
-  mma_k32<false, true>(acc[1], a[1][0], b0, b1);
-  mma_k32<true, true>(acc[2], a[2][0], b0, b1, MMA_BIAS_HIGH);
+  plane_products<true>(a, 0, *(const unsigned*)l, *(const unsigned*)(l + 16), acc);
 #pragma unroll
   for (int s = 1; s < S; ++s) {
     const unsigned b0 = *(const unsigned*)(l + 32 * s);
     const unsigned b1 = *(const unsigned*)(l + 32 * s + 16);
-    mma_k32<false, false>(acc[0], a[0][s], b0, b1);
-    mma_k32<false, false>(acc[1], a[1][s], b0, b1);
-    mma_k32<true, false>(acc[2], a[2][s], b0, b1);
+    plane_products<false>(a, s, b0, b1, acc);
   }
 }
 
@@ -961,13 +966,9 @@ __device__ __forceinline__ void rgb_products(const unsigned (&a)[3][KS][4], cons
 #pragma unroll
     for (int c = 0; c < 3; ++c) {
       if (s == 0) {
-        mma_k32<false, true>(acc[c][0], a[0][0], b0[c], b1[c]);
-        mma_k32<false, true>(acc[c][1], a[1][0], b0[c], b1[c]);
-        mma_k32<true, true>(acc[c][2], a[2][0], b0[c], b1[c], MMA_BIAS_HIGH);
+        plane_products<true>(a, 0, b0[c], b1[c], acc[c]);
       } else {
-        mma_k32<false, false>(acc[c][0], a[0][s], b0[c], b1[c]);
-        mma_k32<false, false>(acc[c][1], a[1][s], b0[c], b1[c]);
-        mma_k32<true, false>(acc[c][2], a[2][s], b0[c], b1[c]);
+        plane_products<false>(a, s, b0[c], b1[c], acc[c]);
       }
     }
   }
