@@ -182,8 +182,9 @@ class Layout:
     """Dynamic shared memory of the MMA launches: their largest window (or output) planes
     and intermediate."""
     plain_smem_bytes: int = 0
-    """Dynamic shared memory of the plain launches: their largest tile's pixels, staged as
-    they are (``_plain_pitch``)."""
+    """Dynamic shared memory of the plain launches that stage their tiles' pixels as they
+    are (``_plain_pitch``): their largest tile's. Only fp32 gray and RGB stage and ask for
+    it (``_ops._plain_stages``)."""
 
     @property
     def tiles(self) -> int:

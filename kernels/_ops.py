@@ -301,7 +301,7 @@ def preprocess_packed(
             kind,
             (count, 1),
             _MMA_BLOCK if kind == "mma" else _fused_block(p),
-            smem[kind],
+            smem[kind] if kind != "plain" or _plain_stages(bits, channels) else 0,
             src,
             mid,
             desc,
@@ -314,6 +314,13 @@ def preprocess_packed(
             overlap=_OVERLAP and i > 0,
         )
     return out, grids.clone()  # callers own their grid_thw
+
+
+def _plain_stages(bits: int, channels: int) -> bool:
+    """Whether a plain launch stages its tiles' pixels in shared memory (``STAGE`` in
+    ``fused_tile``, ``pixels.cu``: fp32 gray and RGB). The others read the source and ask
+    for no dynamic shared memory, which leaves the multiprocessor more L1 cache."""
+    return bits == 32 and channels != 4
 
 
 def _fused_block(p: int) -> tuple[int, int]:

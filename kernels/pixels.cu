@@ -1516,8 +1516,9 @@ __device__ __forceinline__ void wait_for_previous_launch() {
 // only: no resize code, no window), MMA (resized on both axes, either pass order, p
 // even: the tensor-core passes; blocks of whole warps, (32, 8) on the GPU). overlapping:
 // 1 where the host launched this launch to overlap the call's launch before it (above).
-// Dynamic shared memory: the largest TILED window plus intermediate of the launch (none for
-// PLAIN). T is the output's bit pattern (32 or 16 bits).
+// Dynamic shared memory: the largest TILED window plus intermediate of the launch (for
+// PLAIN, the largest tile's pixels where they are staged: fp32 gray and RGB; none for the
+// others). T is the output's bit pattern (32 or 16 bits).
 // Blocks have at most FUSED_THREADS threads; asking for a number of resident blocks a
 // multiprocessor caps the registers, and the occupancy that buys matters more than the few
 // values the compiler then keeps in local memory (the H200 A/B in bench/results). PLAIN has

@@ -447,6 +447,30 @@ def test_host_mma_kernel_stages_planes_from_a_source_off_a_word(
         assert differing(got_pv, want_pv) == 0
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_host_plain_launches_ask_for_shared_memory_only_where_they_stage(
+    host_lib: Path, rng: np.random.Generator, dtype: torch.dtype
+) -> None:
+    # fp32 gray and RGB stage their tiles' pixels, so their launch must ask for them (the
+    # host build fails a tile that outgrows what its launch asked); RGBA and the 16-bit
+    # types read the source and ask for none, which leaves the multiprocessor more L1
+    asked: dict[tuple[str, int], int] = {}
+
+    class Recording(HostLauncher):
+        def fused(self, bits: int, channels: int, kind: Any, *rest: Any, **kw: Any) -> None:
+            asked[kind, channels] = rest[2]  # after grid and block: the dynamic shared memory
+            super().fused(bits, channels, kind, *rest, **kw)
+
+    u8 = lambda *s: rng.integers(0, 256, s, dtype=np.uint8)  # noqa: E731
+    items = [(u8(h, w, c), SMALL) for h, w, c in ((60, 90, 3), (45, 70, 1), (50, 66, 4))]
+    want_pv, _ = reference(items, dtype)
+    got_pv, _ = kernels(items, dtype, "cpu", Recording(host_lib))
+    assert differing(got_pv, want_pv) == 0
+    stages = dtype == torch.float32
+    staged = {key: smem > 0 for key, smem in asked.items()}
+    assert staged == {("plain", 1): stages, ("plain", 3): stages, ("plain", 4): False}
+
+
 @pytest.mark.parametrize("skew", [0, 2], ids=["out-on-16-bytes", "out-on-8-bytes"])
 def test_host_fp32_patches_are_the_same_bytes_for_either_store_width(
     host: HostLauncher, rng: np.random.Generator, skew: int
