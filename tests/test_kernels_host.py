@@ -453,7 +453,7 @@ def test_host_plain_launches_ask_for_shared_memory_only_where_they_stage(
 ) -> None:
     # fp32 gray and RGB stage their tiles' pixels, so their launch must ask for them (the
     # host build fails a tile that outgrows what its launch asked); RGBA and the 16-bit
-    # types read the source and ask for none, which leaves the multiprocessor more L1
+    # types read the source and ask for none
     asked: dict[tuple[str, int], int] = {}
 
     class Recording(HostLauncher):
