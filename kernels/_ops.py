@@ -40,7 +40,6 @@ _ROW_BLOCK = 128  # threads per block along an image row in the resize passes
 _FUSED_THREADS = 256  # FUSED_THREADS in pixels.cu: the fused kernel's largest block
 _MAX_GRID_X = 2**31 - 1
 _MMA_BLOCK = (32, _FUSED_THREADS // 32)  # the MMA kind's blocks are whole warps
-_OVERLAP = True  # MMA launches first, the next ones overlapping (off: the A/B's baseline)
 
 
 def _row_grid(rows: int, width: int) -> tuple[Dims, Dims]:
@@ -284,11 +283,7 @@ def preprocess_packed(
     # per channel count and kind: the MMA launches first (their records in layout order),
     # each launch after the first free to start as the one before it finishes (overlap),
     # so the others' blocks fill the multiprocessors the MMA launches' last tiles leave
-    groups = (
-        sorted(layout.tile_groups, key=lambda g: g[1] != "mma")
-        if _OVERLAP
-        else list(layout.tile_groups)
-    )
+    groups = sorted(layout.tile_groups, key=lambda g: g[1] != "mma")
     mma_tiles = 0  # records of the MMA launches before this one
     for i, (channels, kind, first, count) in enumerate(groups):
         per_tile = tiles
@@ -311,7 +306,7 @@ def preprocess_packed(
             out.view(_STORAGE[bits]),
             p,
             first,
-            overlap=_OVERLAP and i > 0,
+            overlap=i > 0,
         )
     return out, grids.clone()  # callers own their grid_thw
 
