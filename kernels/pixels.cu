@@ -546,6 +546,51 @@ struct Units {
   }
 };
 
+// Calls f(ry, cx, at) for each unit of a tile's patches (nph x npw) a thread writes: ry[i],
+// cx[i] the tile pixel of its run i, `at` its first value's offset from the tile's first
+// patch (32-bit; gw patches a canvas row). Where a patch plane has no more units than the
+// block has threads, the block takes `per` patches at a time, thread tid unit tid % units
+// of patch tid / units (threads past per * units take none): the same unit of every patch
+// it visits, so where its runs lie in a patch is worked out once and a move divides nothing
+// (the MMA tiles' write-out measured faster so: bench/results/20261201-mma-units). Else
+// the Units walk.
+template <int U, typename F>
+__device__ __forceinline__ void for_each_unit(int p, int nph, int npw, int gw, F f) {
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x, nt = blockDim.x * blockDim.y;
+  const int pp = p * p, units = pp / U;
+  int ry[U / 2], cx[U / 2];
+  if (units > nt) {
+    for (Units<U> k(p, npw); k.ky < nph; k.next(npw)) {
+#pragma unroll
+      for (int run = 0; run < U / 2; ++run) k.run_at(run, p, ry[run], cx[run]);
+      f(ry, cx, k.offset(p, gw));
+    }
+    return;
+  }
+  const int per = div_small(nt, units), k = div_small(tid, units), u = tid - k * units;
+  int py[U / 2], px[U / 2];
+#pragma unroll
+  for (int run = 0; run < U / 2; ++run) {
+    const int e = U * u + 2 * run;  // the run's first value in the plane
+    py[run] = div_small(e, p);
+    px[run] = e - py[run] * p;
+  }
+  int ky = k < per ? div_small(k, npw) : nph, kx = k - ky * npw;
+  while (ky < nph) {
+#pragma unroll
+    for (int run = 0; run < U / 2; ++run) {
+      ry[run] = ky * p + py[run];
+      cx[run] = kx * p + px[run];
+    }
+    f(ry, cx, (ky * gw + kx) * 3 * pp + U * u);
+    kx += per;
+    while (kx >= npw) {
+      kx -= npw;
+      ++ky;
+    }
+  }
+}
+
 // The table values of a run of V pixels of a source row from s, n of them in the image (the
 // rest is padding), the first at canvas pixel (y, x): plane c's into r[c][at ..].
 template <int CH, int V, bool SHARED, int N, typename T>
@@ -631,20 +676,17 @@ __device__ __forceinline__ void plain_units(const Rows& rows, const i64* d, cons
                                             T* __restrict__ o0, int p, int gw, int nph, int npw,
                                             int vh, int vw, int y0, int x0) {
   const int pp = p * p;
-  for (Units<U> k(p, npw); k.ky < nph; k.next(npw)) {
+  for_each_unit<U>(p, nph, npw, gw, [&](const int (&ry)[U / 2], const int (&cx)[U / 2], int at) {
     T r[3][U];
 #pragma unroll
     for (int run = 0; run < U / 2; ++run) {
-      int ry, cx;
-      k.run_at(run, p, ry, cx);
-      const int n = ry < vh ? min(2, vw - cx) : 0;  // pixels of the run in the image
-      run_values<CH, 2, Rows::SHARED>(rows.row(ry) + cx * CH, n, d, y0 + ry, x0 + cx, tb, r,
-                                      2 * run);
+      const int n = ry[run] < vh ? min(2, vw - cx[run]) : 0;  // pixels of the run in the image
+      run_values<CH, 2, Rows::SHARED>(rows.row(ry[run]) + cx[run] * CH, n, d, y0 + ry[run],
+                                      x0 + cx[run], tb, r, 2 * run);
     }
-    T* o = o0 + k.offset(p, gw);
 #pragma unroll
-    for (int c = 0; c < 3; ++c) store_run<U>(o + c * pp, r[c]);
-  }
+    for (int c = 0; c < 3; ++c) store_run<U>(o0 + at + c * pp, r[c]);
+  });
 }
 
 // ---- The tensor-core resize (MMA tiles: gray, RGB or RGBA, resized on both axes) ----
@@ -1270,18 +1312,16 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
   const int pp = p * p, gw = rec[R_GRID_W];
   auto write_units = [&](auto unit) {
     constexpr int U = decltype(unit)::value;
-    for (Units<U> k(p, npw); k.ky < nph; k.next(npw)) {
+    for_each_unit<U>(p, nph, npw, gw, [&](const int (&ry)[U / 2], const int (&cx)[U / 2], int at) {
       T r[3][U];
 #pragma unroll
       for (int run = 0; run < U / 2; ++run) {
-        int ry, cx;
-        k.run_at(run, p, ry, cx);
-        const u8* b = ob + ry * op + cx;
+        const u8* b = ob + ry[run] * op + cx[run];
         if constexpr (CH == 4) {
           unsigned pair[4];
 #pragma unroll
           for (int c = 0; c < 4; ++c) pair[c] = *(const unsigned short*)(b + c * out_plane);
-          const int y = rec[R_GY0] * p + ry, x = rec[R_GX0] * p + cx;
+          const int y = rec[R_GY0] * p + ry[run], x = rec[R_GX0] * p + cx[run];
 #pragma unroll
           for (int i = 0; i < 2; ++i) {
             int v[4], rgb[3] = {0, 0, 0};
@@ -1300,10 +1340,9 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
           }
         }
       }
-      T* o = o0 + k.offset(p, gw);
 #pragma unroll
-      for (int c = 0; c < 3; ++c) store_run<U>(o + c * pp, r[c]);
-    }
+      for (int c = 0; c < 3; ++c) store_run<U>(o0 + at + c * pp, r[c]);
+    });
   };
   if (wide_units(out)) {
     write_units(Int<4>());

@@ -407,7 +407,7 @@ def test_host_fused_kernel_gives_the_same_bytes_for_any_block_shape(
     assert differing(got_pv, want_pv) == 0
 
 
-@pytest.mark.parametrize("warps", [1, 3])
+@pytest.mark.parametrize("warps", [1, 3, 8])
 def test_host_mma_kernel_gives_the_same_bytes_for_any_number_of_warps(
     host: HostLauncher, rng: np.random.Generator, warps: int
 ) -> None:
