@@ -898,11 +898,12 @@ struct Lines {
 // (at, steps) int32 pairs) and calls body(most_steps, a, j, c, lb, n, at) for block j's n
 // tasks from channel c's N-block lb (both 0 but for the run's first block), most_steps
 // Int<KS> when the block takes more than one 32-input step (the same for the whole warp),
-// else Int<1>.
-template <int CH, int KS, typename Body>
+// else Int<1>. The run's first block's fragments and span are loaded before ready() (every
+// thread calls it: the barrier the pass waits on), so those loads overlap the wait.
+template <int CH, int KS, typename Ready, typename Body>
 __device__ __forceinline__ void warp_tasks(const int* __restrict__ frags,
                                            const int* __restrict__ spans, int blocks, int lbs,
-                                           Body body) {
+                                           Ready ready, Body body) {
   const int tid = threadIdx.y * blockDim.x + threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5, warps = (blockDim.x * blockDim.y) >> 5;
@@ -913,16 +914,26 @@ __device__ __forceinline__ void warp_tasks(const int* __restrict__ frags,
     c = div_small(lb, lbs);
     lb -= c * lbs;
   }
-  for (int task = first; task < last; ++j, c = lb = 0) {
+  unsigned a[3][KS][4];
+  int at = 0, steps = 0;
+  auto load = [&] {  // block j's fragments and span
+    load_weights<KS>(frags + j * MMA_FRAGMENT_WORDS, lane, a);
+    at = __ldg(spans + 2 * j);
+    steps = __ldg(spans + 2 * j + 1);
+  };
+  if (first < last) load();
+  ready();
+  for (int task = first; task < last; c = lb = 0) {
     const int n = min(last, (j + 1) * per_block) - task;  // the warp's tasks of block j
     task += n;
-    unsigned a[3][KS][4];
-    load_weights<KS>(frags + j * MMA_FRAGMENT_WORDS, lane, a);
-    const int at = __ldg(spans + 2 * j), steps = __ldg(spans + 2 * j + 1);
     if (KS > 1 && steps > 1) {
       body(Int<KS>(), a, j, c, lb, n, at);
     } else {
       body(Int<1>(), a, j, c, lb, n, at);
+    }
+    if (task < last) {
+      ++j;
+      load();
     }
   }
 }
@@ -941,14 +952,14 @@ __device__ __forceinline__ void warp_tasks(const int* __restrict__ frags,
 // done(m, v) gets each task's place m and four clamped bytes as two byte pairs: v[0] at
 // output 16 j + g, lines 2 t (byte 0) and 2 t + 1 (byte 1) of the N-block; v[1] at output
 // 16 j + g + 8. KS: the most 32-input steps of the tile's blocks.
-template <int CH, int KS, typename OutAt, typename Done>
+template <int CH, int KS, typename Ready, typename OutAt, typename Done>
 __device__ __forceinline__ void mma_pass(const int* __restrict__ frags,
                                          const int* __restrict__ spans, int blocks, int lbs,
-                                         const Lines& in, int out_plane,
-                                         int out_step, OutAt out_at, Done done) {
+                                         const Lines& in, int out_plane, int out_step,
+                                         Ready ready, OutAt out_at, Done done) {
   const int lane = (threadIdx.y * blockDim.x + threadIdx.x) & 31;
   const u8* lane_in = in.base + (lane >> 2) * in.pitch + 4 * (lane & 3) - __ldg(spans);
-  warp_tasks<CH, KS>(frags, spans, blocks, lbs, [&](auto most_steps,
+  warp_tasks<CH, KS>(frags, spans, blocks, lbs, ready, [&](auto most_steps,
                                                     const unsigned (&a)[3][KS][4], int j,
                                                     int c, int lb, int n, int at) {
     constexpr int S = decltype(most_steps)::value;
@@ -1023,14 +1034,15 @@ __device__ __forceinline__ void rgb_products(const unsigned (&a)[3][KS][4], cons
 // planes. lines: where the lane's row g starts (its skew in the staged row included);
 // pitch: the window's row pitch. done(m, v) as mma_pass's, for each channel's output at
 // out_at(j) + c * out_plane.
-template <int KS, typename OutAt, typename Done>
+template <int KS, typename Ready, typename OutAt, typename Done>
 __device__ __forceinline__ void mma_pass_rgb(const int* __restrict__ frags,
                                              const int* __restrict__ spans, int blocks, int lbs,
                                              const u8* lines, int pitch, int out_plane,
-                                             int out_step, OutAt out_at, Done done) {
+                                             int out_step, Ready ready, OutAt out_at,
+                                             Done done) {
   const int lane = (threadIdx.y * blockDim.x + threadIdx.x) & 31;
   const u8* lane_in = lines + 12 * (lane & 3) - 3 * __ldg(spans);
-  warp_tasks<1, KS>(frags, spans, blocks, lbs, [&](auto most_steps,
+  warp_tasks<1, KS>(frags, spans, blocks, lbs, ready, [&](auto most_steps,
                                                    const unsigned (&a)[3][KS][4], int j, int,
                                                    int lb, int n, int at) {
     constexpr int S = decltype(most_steps)::value;
@@ -1254,11 +1266,15 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
     if (tid < NF) d[tid] = d0;
     for (int i = tid + nt; i < NF; i += nt) d[i] = row[i];
   }
-  if constexpr (RAW) copy_wait();  // this thread's copies have landed
-  __syncthreads();  // the window, the block's normalise table (and RGBA's d) are in place
-  // the passes, compiled for tiles of one and of two 32-input steps (fewer registers for one)
+  // the passes, compiled for tiles of one and of two 32-input steps (fewer registers for one);
+  // each waits for its input with the barrier it calls once its warp's first weights are
+  // on their way
   auto passes = [&](auto most_steps) {
     constexpr int KS = decltype(most_steps)::value;
+    auto staged = [&] {
+      if constexpr (RAW) copy_wait();  // this thread's copies have landed
+      __syncthreads();  // the window, the block's normalise table (and RGBA's d) are in place
+    };
     // the first pass: its outputs (M) times 8 window lines of a channel (N) into the
     // intermediate, a line of the other axis per output
     auto mid_at = [&](int j) { return mid + (16 * j + g) * mp + 2 * t; };
@@ -1266,29 +1282,31 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
     if constexpr (RAW) {  // the lane's row g of the window (win is where copy_rows staged it)
       const u8* lines = StagedRows{wp, (unsigned)(u64)s, (unsigned)rb}.row(g);
       if constexpr (CH == 3) {
-        mma_pass_rgb<KS>(f1, s1, m1, lines1 >> 3, lines, wp, mid_plane, 8, mid_at, to_mid);
+        mma_pass_rgb<KS>(f1, s1, m1, lines1 >> 3, lines, wp, mid_plane, 8, staged, mid_at,
+                         to_mid);
       } else {
         mma_pass<CH, KS>(f1, s1, m1, lines1 >> 3, Lines{lines - g * wp, win_plane, 8 * wp, wp},
-                         mid_plane, 8, mid_at, to_mid);
+                         mid_plane, 8, staged, mid_at, to_mid);
       }
     } else {
       mma_pass<CH, KS>(f1, s1, m1, lines1 >> 3, Lines{win, win_plane, 8 * wp, wp}, mid_plane, 8,
-                       mid_at, to_mid);
+                       staged, mid_at, to_mid);
     }
-    __syncthreads();  // the intermediate is in place, the window done with
+    // the intermediate is in place, the window done with
+    auto intermediate = [] { __syncthreads(); };
     const Lines in2{mid, mid_plane, 8 * mp, mp};
     if constexpr (!VFIRST) {
       // vertical: output rows (M) times 8 columns of a channel (N): a lane's two pixels of
       // a row are neighbours, stored as a pair
       mma_pass<CH, KS>(
-          fy, sy, my, (tw + 7) >> 3, in2, out_plane, 8,
+          fy, sy, my, (tw + 7) >> 3, in2, out_plane, 8, intermediate,
           [&](int i) { return ob + (16 * i + g) * op + 2 * t; },
           [&](u8* m, const unsigned v[2]) { store_pairs(m, op, v); });
     } else {
       // horizontal: output columns (M) times 8 rows of a channel (N): a lane's two pixels
       // are in neighbouring rows, stored one by one
       mma_pass<CH, KS>(
-          fx, sx, mx, (th + 7) >> 3, in2, out_plane, 8 * op,
+          fx, sx, mx, (th + 7) >> 3, in2, out_plane, 8 * op, intermediate,
           [&](int j) { return ob + 2 * t * op + 16 * j + g; },
           [&](u8* m, const unsigned v[2]) {
 #pragma unroll
