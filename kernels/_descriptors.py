@@ -88,14 +88,14 @@ RECORD_FIELDS: tuple[str, ...] = (
     "R_GRID_W",
     "R_TABLE",
     "R_FLAGS",
-    "R_XB_SPANS",
-    "R_XB_WORDS",
+    "R_PAD0",
+    "R_PAD1",
 )
 """An MMA tile's record (``enum Record`` in ``pixels.cu``): what its block would otherwise
 work out from the descriptor and the spans before it could stage its window, so staging
 starts after one load."""
 _R = {name: i for i, name in enumerate(RECORD_FIELDS)}
-_TWO_STEPS, _V_FIRST, _WHOLE, _RAW, _BYTES = 1, 2, 4, 8, 16  # R_FLAGS
+_TWO_STEPS, _V_FIRST, _WHOLE, _RAW = 1, 2, 4, 8  # R_FLAGS
 _NONE, _HORIZONTAL, _VERTICAL = 0, 1, 2
 _SOLID = {"white": 255, "gray": 128, "black": 0}
 
@@ -117,9 +117,6 @@ _MMA_STEPS = 2
 (downscales to about 0.35 of a side); an image needing more takes the general kernel."""
 _MMA_MAX_BLOCKS = 16
 """``MMA_MAX_BLOCKS``: the most 16-output blocks along one side of an MMA tile."""
-_BYTE_BLOCK = 5
-"""Outputs of one M-block of the byte-wise first pass (``R_BYTES``): its 16 rows are 5
-outputs x 3 channels and one row of no weights."""
 
 TILE_PIXELS = (64, 64)
 """About how many canvas rows and columns one block of the fused launch covers: a whole
@@ -451,96 +448,20 @@ _FRAGMENT_WORDS = 3 * _MMA_STEPS * 32 * 4
 """``MMA_FRAGMENT_WORDS`` in ``pixels.cu``: the A words of one M-block."""
 
 
-@lru_cache(maxsize=256)
-def _mma_axis_bytes(
-    in_size: int, out_size: int, tile: int, tiles: int
-) -> tuple[np.ndarray[Any, np.dtype[np.int32]], np.ndarray[Any, np.dtype[np.int32]]]:
-    """The x axis of an RGB MMA image for its byte-wise first pass (``R_BYTES``), as
-    ``_mma_axis`` but with M-blocks of ``_BYTE_BLOCK`` outputs x 3 channels whose inputs are
-    the bytes of the window's rows (channels interleaved), so the pass needs no channel
-    split: block row ``r < 15`` is output ``o0 + r // 3``, channel ``r % 3``, and its weight
-    for pixel ``x`` sits at byte ``3 x + r % 3`` (0 at the other channels' bytes).
-
-    ``spans``: per tile the pixels its taps use from its window's first (``x0``, as
-    ``_mma_axis``'s first span, a multiple of 4), then each block's ``(at, steps)`` in
-    bytes: its first tap's byte aligned down to 4 (the first block's from ``3 x0``, where
-    the window starts) and its 32-byte steps. ``fragments``: per block ``(3, _MMA_STEPS,
-    32, 4)`` A words in the PTX order of mma m16n8k32 (word ``r`` of lane ``(g, t)``: row
-    ``g + 8 (r & 1)``, bytes ``at + 32 s + 16 (r >> 1) + 4 t + 0..3``).
-    """
-    c = bicubic_coefficients(in_size, out_size)
-    mb = -(-tile // _BYTE_BLOCK)
-    o0 = np.arange(tiles, dtype=np.int64)[:, None] * tile + _BYTE_BLOCK * np.arange(mb)
-    end = o0[:, :1] + tile - 1
-    first = np.minimum(o0, out_size - 1)
-    last = np.minimum(np.minimum(o0 + _BYTE_BLOCK - 1, end), out_size - 1)
-    x0 = c.xmin[first[:, 0]] & ~3
-    at = (3 * c.xmin[first]) & ~3
-    at[:, 0] = 3 * x0
-    steps = (3 * (c.xmin[last] + c.n[last]) - at + 31) >> 5
-    used = c.xmin[last[:, -1]] + c.n[last[:, -1]] - x0
-    spans = np.concatenate([used[:, None], np.stack([at, steps], axis=2).reshape(tiles, -1)], 1)
-    lane = np.arange(32)
-    r = np.arange(4)
-    # (tiles, mb, step, lane, r, byte e): the block row, its output and channel, the byte
-    rows = (lane >> 2)[:, None] + 8 * (r & 1)  # (lane, r)
-    o = o0[:, :, None, None, None, None] + (rows // 3)[:, :, None]
-    ch = (rows % 3)[:, :, None]
-    live = (
-        (rows < 3 * _BYTE_BLOCK)[:, :, None]
-        & (o < out_size)
-        & (o <= end[:, :, None, None, None, None])
-    )
-    o = np.minimum(o, out_size - 1)
-    byte = (
-        at[:, :, None, None, None, None]
-        + 32 * np.arange(_MMA_STEPS)[:, None, None, None]
-        + (16 * (r >> 1))[None, :, None]
-        + (4 * (lane & 3))[:, None, None]
-        + np.arange(4)
-    )
-    tap = byte // 3 - c.xmin[o]
-    ok = live & (byte % 3 == ch) & (tap >= 0) & (tap < c.n[o])
-    w = np.where(ok, c.k[o, np.clip(tap, 0, c.k.shape[1] - 1)].astype(np.int64), 0) & 0xFFFFFF
-    planes = (w[:, :, None] >> (8 * np.arange(3))[:, None, None, None, None]) & 255
-    words = (planes << (8 * np.arange(4))).sum(axis=-1)  # (tiles, mb, plane, step, lane, r)
-    out = (spans.astype(np.int32), words.astype(np.uint32).view(np.int32))
-    for a in out:
-        a.setflags(write=False)
-    return out
-
-
-def _byte_pass_pays(job: ImageJob, tile_w: int, tiles_w: int, src_offset: int) -> bool:
-    """Whether an RGB MMA image passed horizontally first and staged raw takes the
-    byte-wise first pass (``_mma_axis_bytes``): where its 16-output blocks take two 32-pixel
-    steps (the channel split then costs more than the byte-wise pass's fifteenth more
-    products), its byte-wise blocks at most two 32-byte steps, and its intermediate no
-    larger (mma_tile in pixels.cu)."""
-    if job.ch != 3 or not _mma_raw(job, False, src_offset):
-        return False
-    mb = -(-tile_w // _BYTE_BLOCK)
-    if mb > _MMA_MAX_BLOCKS or (_BYTE_BLOCK * mb + 7) & ~7 > 16 * -(-tile_w // 16):
-        return False
-    regular = _mma_axis(job.in_w, job.out_w, tile_w, tiles_w)[0][:, 2::2]
-    byte_wise = _mma_axis_bytes(job.in_w, job.out_w, tile_w, tiles_w)[0][:, 2::2]
-    return int(regular.max()) == _MMA_STEPS and int(byte_wise.max()) <= _MMA_STEPS
-
-
 def _mma_records(
     job: ImageJob,
     image: int,
     row: np.ndarray[Any, np.dtype[np.int64]],
     patch: int,
-    axes: tuple[tuple[int, int], tuple[int, int], tuple[int, int] | None],
+    axes: tuple[tuple[int, int], tuple[int, int]],
 ) -> np.ndarray[Any, np.dtype[np.int32]]:
     """An MMA image's tile records (``RECORD_FIELDS``), in tile order, from its descriptor
-    ``row`` and where its axes' fragments and spans are in the tables (``axes``: x, y and
-    the byte-wise x axis or None, each ``(fragments, spans)``): where each tile's window
-    starts in the source and what of it the taps use, its spans and fragments, its patches
-    and its flags (``_TWO_STEPS``: a used M-block takes two 32-input steps; ``_V_FIRST``;
-    ``_WHOLE``: the window's rows start on a word and its groups of four pixels lie inside
-    the image, so staging takes plain word loads; ``_RAW``: ``_mma_raw``; ``_BYTES``: the
-    first pass is byte-wise, ``_byte_pass_pays``)."""
+    ``row`` and where its axes' fragments and spans are in the tables (``axes``: x then y,
+    each ``(fragments, spans)``): where each tile's window starts in the source and what of
+    it the taps use, its spans and fragments, its patches and its flags (``_TWO_STEPS``: a
+    used M-block takes two 32-input steps; ``_V_FIRST``; ``_WHOLE``: the window's rows
+    start on a word and its groups of four pixels lie inside the image, so staging takes
+    plain word loads; ``_RAW``: ``_mma_raw``)."""
 
     def f(name: str) -> int:
         return int(row[_F[name]])
@@ -556,9 +477,9 @@ def _mma_records(
     gy0, gx0 = trow * tph, tcol * tpw
     nph, npw = np.minimum(tph, grid_h - gy0), np.minimum(tpw, grid_w - gx0)
 
-    def two_steps(spans: np.ndarray[Any, Any], index: Any, patches: Any, block: int = 16) -> Any:
+    def two_steps(spans: np.ndarray[Any, Any], index: Any, patches: Any) -> Any:
         steps = spans[index, 2::2]  # each block's, of the tile's column (row)
-        used = np.arange(steps.shape[1])[None, :] < (-(-patches * patch // block))[:, None]
+        used = np.arange(steps.shape[1])[None, :] < ((patches * patch + 15) // 16)[:, None]
         return ((steps > 1) & used).any(axis=1)
 
     wx, wy = xs[tcol, 1].astype(np.int64), ys[trow, 1].astype(np.int64)
@@ -567,19 +488,11 @@ def _mma_records(
     row_bytes = job.in_w * job.ch
     whole = (((src | row_bytes) & 3) == 0) & (wx + 4 * ((uc + 3) >> 2) <= job.in_w)
     v_first = f("PASS1") == _VERTICAL
-    steps2 = two_steps(xs, tcol, npw) | two_steps(ys, trow, nph)
-    xb_spans = xb_words = np.zeros_like(k)
-    if axes[2] is not None:  # the byte-wise x axis too (the planes fallback keeps xs)
-        xb, _ = _mma_axis_bytes(job.in_w, job.out_w, tpw * patch, tiles_w)
-        steps2 |= two_steps(xb, tcol, npw, _BYTE_BLOCK)
-        xb_spans = axes[2][1] + tcol * xb.shape[1] + 1
-        xb_words = axes[2][0] + tcol * (xb.shape[1] // 2) * _FRAGMENT_WORDS
     flags = (
-        steps2 * _TWO_STEPS
+        (two_steps(xs, tcol, npw) | two_steps(ys, trow, nph)) * _TWO_STEPS
         + v_first * _V_FIRST
         + whole * _WHOLE
         + _mma_raw(job, v_first, f("SRC_OFF")) * _RAW
-        + (axes[2] is not None) * _BYTES
     )
     rec = np.zeros((k.size, len(RECORD_FIELDS)), np.int64)
     values = {
@@ -601,8 +514,6 @@ def _mma_records(
         "R_GRID_W": grid_w,
         "R_TABLE": f("TABLE"),
         "R_FLAGS": flags,
-        "R_XB_SPANS": xb_spans,
-        "R_XB_WORDS": xb_words,
     }
     for name, value in values.items():
         rec[:, _R[name]] = value
@@ -648,7 +559,7 @@ def layout_of(
     desc = np.zeros((len(jobs), len(FIELDS)), np.int64)
     chunks: list[np.ndarray[Any, np.dtype[np.int32]]] = []
     table_at: dict[tuple[int, int], tuple[int, int, int, int]] = {}
-    axis_at: dict[tuple[int, int, int, int, bool], tuple[int, int]] = {}
+    axis_at: dict[tuple[int, int, int, int], tuple[int, int]] = {}
     used = 0
     tiles_of: list[int] = []
 
@@ -669,15 +580,12 @@ def layout_of(
             table_at[key] = (at, at + c.n.size, at + 2 * c.n.size, c.ksize)
         return table_at[key]
 
-    def mma_axis(
-        in_size: int, out_size: int, tile: int, tiles: int, byte_wise: bool = False
-    ) -> tuple[int, int]:
-        """Where one MMA axis's fragments and spans are (``_mma_axis``, or byte-wise
-        ``_mma_axis_bytes``): the fragments at a multiple of 4 elements, so each lane's are
-        16-byte loads."""
-        key = (in_size, out_size, tile, tiles, byte_wise)
+    def mma_axis(in_size: int, out_size: int, tile: int, tiles: int) -> tuple[int, int]:
+        """Where one MMA axis's fragments and spans are (``_mma_axis``): the fragments at a
+        multiple of 4 elements, so each lane's are 16-byte loads."""
+        key = (in_size, out_size, tile, tiles)
         if key not in axis_at:
-            spans, frags = (_mma_axis_bytes if byte_wise else _mma_axis)(*key[:4])
+            spans, frags = _mma_axis(*key)
             place(np.zeros(-used % 4, np.int32))
             axis_at[key] = place(frags), place(spans)
         return axis_at[key]
@@ -685,8 +593,7 @@ def layout_of(
     src = mid = mid_rows = mid_width = patches = out = out_rows = out_width = 0
     smem = mma_need = plain_need = 0
     kinds: list[Kind] = []
-    # per MMA image: its x, y and byte-wise x axes (_mma_records)
-    axes: dict[int, tuple[tuple[int, int], tuple[int, int], tuple[int, int] | None]] = {}
+    axes: dict[int, tuple[tuple[int, int], tuple[int, int]]] = {}  # per MMA image
     src_offsets: list[int] = []
     out_offsets: list[int] = []
     for image, (row, job) in enumerate(zip(desc, jobs)):
@@ -721,11 +628,9 @@ def layout_of(
         kinds.append(kind)
         tiles_w, tiles_h = -(-job.grid_w // tile_w), -(-grid_h // tile_h)
         if kind == "mma":  # where its axes' fragments and spans are, for its tile records
-            byte_wise = p1 == _HORIZONTAL and _byte_pass_pays(job, tile_w * patch, tiles_w, src)
             axes[image] = (
                 mma_axis(job.in_w, job.out_w, tile_w * patch, tiles_w),
                 mma_axis(job.in_h, job.out_h, tile_h * patch, tiles_h),
-                mma_axis(job.in_w, job.out_w, tile_w * patch, tiles_w, True) if byte_wise else None,
             )
         mid_w, mid_h = 0, 0
         if p1 != _NONE and fit is None:

@@ -94,9 +94,9 @@ enum Record {
   R_PATCH = 14,       // its first patch's output row
   R_GRID_W = 15,      // patches per canvas row
   R_TABLE = 16,       // element offset of its image's normalise table
-  R_FLAGS = 17,       // R_TWO_STEPS | R_V_FIRST | R_WHOLE | R_RAW | R_BYTES
-  R_XB_SPANS = 18,    // R_BYTES: the byte-wise x axis's R_X_SPANS and R_X_WORDS
-  R_XB_WORDS = 19,    // (a record is five 16-byte loads)
+  R_FLAGS = 17,       // R_TWO_STEPS | R_V_FIRST | R_WHOLE
+  R_PAD0 = 18,        // (a record is five 16-byte loads)
+  R_PAD1 = 19,
   NR = 20
 };
 #define R_TWO_STEPS 1  // some used M-block takes MMA_KS 32-input steps
@@ -105,8 +105,6 @@ enum Record {
 #define R_RAW 8        // gray or RGB passed horizontally first, whose window's rows start on a
                        // word: staged as the source's bytes (mma_tile) when the source itself
                        // starts on a word
-#define R_BYTES 16     // RGB staged raw: its first pass takes the window's bytes as inputs, in
-                       // M-blocks of MMA_BYTE_BLOCK outputs x 3 channels (R_XB_SPANS, ...)
 
 typedef long long i64;
 typedef unsigned long long u64;
@@ -708,7 +706,6 @@ __device__ __forceinline__ void plain_units(const Rows& rows, const i64* d, cons
 
 #define MMA_KS 2  // the most 32-input steps of one 16-output block (host: _MMA_STEPS)
 #define MMA_MAX_BLOCKS 16  // the most M-blocks along a tile's side (host: _MMA_MAX_BLOCKS)
-#define MMA_BYTE_BLOCK 5  // outputs of a byte-wise first pass's M-block (host: _BYTE_BLOCK)
 #define MMA_STAGE_GROUPS 4  // groups of 4 pixels a thread loads at once when staging rows
 
 #ifndef MMWIRE_HOST_SHIM
@@ -1170,23 +1167,15 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
   // step may read up to 32 ks bytes past them, into the next line or the slack after a
   // region; those inputs only ever meet weight 0
   const int uc = rec[R_USED_W], ur = rec[R_USED_H];
-  // the first pass: its axis, M-blocks, lines (8-aligned) and inputs a line. Byte-wise (RGB
-  // staged raw, R_BYTES): the window's bytes are the inputs, an M-block's 16 rows are
-  // MMA_BYTE_BLOCK outputs x 3 channels (row r: output r / 3, channel r % 3; row 15 has no
-  // weights), with their own spans (in bytes) and fragments (the host's _mma_axis_bytes)
-  const bool bytes = RAW && CH == 3 && (rec[R_FLAGS] & R_BYTES);
-  const int* f1 = bytes ? tab + rec[R_XB_WORDS] : VFIRST ? fy : fx;
-  const int* s1 = bytes ? tab + rec[R_XB_SPANS] : VFIRST ? sy : sx;
-  const int m1 = bytes ? (tw + MMA_BYTE_BLOCK - 1) / MMA_BYTE_BLOCK : VFIRST ? my : mx;
-  const int lines1 = ((VFIRST ? uc : ur) + 7) & ~7;
+  // the first pass: its axis, M-blocks, lines (8-aligned) and inputs a line
+  const int* f1 = VFIRST ? fy : fx;
+  const int* s1 = VFIRST ? sy : sx;
+  const int m1 = VFIRST ? my : mx, lines1 = ((VFIRST ? uc : ur) + 7) & ~7;
   // RAW: one plane of the source's rows as they are (a row's bytes from its first one's
   // 16-byte granule on: up to 12 bytes of skew before them), else a plane a channel
   const int wp = RAW ? mma_pitch(CH * uc + 12) : mma_pitch(VFIRST ? ur : uc);
   const int mp = mma_pitch(lines1);
-  // a plane of the intermediate: a row an output (byte-wise: whole N-blocks of the second
-  // pass's lines, which it reads)
-  const int mid_rows = bytes ? (MMA_BYTE_BLOCK * m1 + 7) & ~7 : 16 * m1;
-  const int win_plane = lines1 * wp, mid_plane = mid_rows * mp, slack = 32 * ks;
+  const int win_plane = lines1 * wp, mid_plane = 16 * m1 * mp, slack = 32 * ks;
   // the second pass's bytes, a plane a channel of 16 my rows x op columns (all its M- and
   // N-blocks reach: op is at least tw rounded up to 16), where the window was
   const int op = mma_pitch(tw), out_plane = 16 * my * op;
@@ -1292,17 +1281,7 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
     auto to_mid = [&](u8* m, const unsigned v[2]) { store_pairs(m, mp, v); };
     if constexpr (RAW) {  // the lane's row g of the window (win is where copy_rows staged it)
       const u8* lines = StagedRows{wp, (unsigned)(u64)s, (unsigned)rb}.row(g);
-      if (bytes) {  // one plane of bytes; a lane's rows g and g + 8 go to their own places
-        const int row_g = (g % 3) * mid_plane + (g / 3) * mp;
-        const int row_g8 = ((g + 8) % 3) * mid_plane + ((g + 8) / 3) * mp;
-        mma_pass<1, KS>(
-            f1, s1, m1, lines1 >> 3, Lines{lines - g * wp, 0, 8 * wp, wp}, 0, 8, staged,
-            [&](int j) { return mid + MMA_BYTE_BLOCK * j * mp + 2 * t; },
-            [&](u8* m, const unsigned v[2]) {
-              *(unsigned short*)(m + row_g) = (unsigned short)v[0];
-              if (g != 7) *(unsigned short*)(m + row_g8) = (unsigned short)v[1];  // not row 15
-            });
-      } else if constexpr (CH == 3) {
+      if constexpr (CH == 3) {
         mma_pass_rgb<KS>(f1, s1, m1, lines1 >> 3, lines, wp, mid_plane, 8, staged, mid_at,
                          to_mid);
       } else {

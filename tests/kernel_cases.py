@@ -80,15 +80,12 @@ def case(name: str, rng: np.random.Generator) -> Items:
             (u8(40, 31, 3), ODD_PATCH),
         ]
     if name == "tensor_core_scales":  # MMA tiles: one and two 32-input steps, 2:1 and wide,
-        # rows on a word (staged raw: the first two, the gray, 99 x 100 and 300 x 700, whose
-        # windows' rows span more granules than a warp has lanes) and off one;
-        # byte-wise first passes (the first: 3-patch tiles; 88 x 520: 4-patch tiles and a
-        # 2-patch one at the canvas's edge)
+        # rows on a word (staged raw: the first, the gray, 99 x 100 and 300 x 700, whose
+        # windows' rows span more granules than a warp has lanes) and off one
         return [
             (u8(h, w, c), WIDE if w == 700 else SMALL)
             for h, w, c in (
                 (200, 260, 3),
-                (88, 520, 3),
                 (150, 190, 3),
                 (210, 172, 1),
                 (118, 330, 3),
