@@ -767,11 +767,6 @@ __device__ __forceinline__ void copy_wait() {
   asm volatile("cp.async.wait_all;" ::: "memory");
 #endif
 }
-
-// The L1 line of p on its way (prefetch.global.L1: nothing waits for it, no register).
-__device__ __forceinline__ void prefetch_l1(const void* p) {
-  asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
-}
 #endif
 
 // Rows 0 .. rows - 1 of `bytes` bytes each, row r from src + r * stride, into shared memory
@@ -904,9 +899,7 @@ struct Lines {
 // tasks from channel c's N-block lb (both 0 but for the run's first block), most_steps
 // Int<KS> when the block takes more than one 32-input step (the same for the whole warp),
 // else Int<1>. The run's first block's fragments and span are loaded before ready() (every
-// thread calls it: the barrier the pass waits on), so those loads overlap the wait; as a
-// block's tasks start, the run's next block's fragments are prefetched into L1 (a 128-byte
-// line a lane), so its loads find them there.
+// thread calls it: the barrier the pass waits on), so those loads overlap the wait.
 template <int CH, int KS, typename Ready, typename Body>
 __device__ __forceinline__ void warp_tasks(const int* __restrict__ frags,
                                            const int* __restrict__ spans, int blocks, int lbs,
@@ -933,13 +926,6 @@ __device__ __forceinline__ void warp_tasks(const int* __restrict__ frags,
   for (int task = first; task < last; c = lb = 0) {
     const int n = min(last, (j + 1) * per_block) - task;  // the warp's tasks of block j
     task += n;
-    if (task < last) {  // the lines of block j + 1's fragments, the last one's at the least
-      constexpr int bytes = MMA_FRAGMENT_WORDS * 4;
-      if (lane <= bytes / 128) {
-        const char* next = (const char*)(frags + (j + 1) * MMA_FRAGMENT_WORDS);
-        prefetch_l1(next + min(lane * 128, bytes - 1));
-      }
-    }
     if (KS > 1 && steps > 1) {
       body(Int<KS>(), a, j, c, lb, n, at);
     } else {

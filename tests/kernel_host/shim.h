@@ -117,7 +117,6 @@ static inline void mma_k32(int (&d)[4], const unsigned (&a)[4], unsigned b0, uns
 // cp.async of 16 bytes: copied at once, so there is nothing to wait for.
 static inline void copy16(void* smem, const void* global) { std::memcpy(smem, global, 16); }
 static inline void copy_wait() {}
-static inline void prefetch_l1(const void*) {}
 
 // lo and hi clamped to bytes, as bytes 0 and 1 (cvt.pack.sat.u8.s32.b32 with c = 0).
 static inline unsigned sat_pair(int lo, int hi) {
