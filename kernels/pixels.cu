@@ -504,7 +504,8 @@ __device__ __forceinline__ void load_bytes(const u8* p, unsigned (&out)[2]) {
 // measured best; or for fp32 U = 4, WIDE_UNIT_BYTES, where out allows it: wide_units), as
 // U / 2 runs of a pixel pair of a patch row (a run never wraps a row).
 // Units are counted without dividing: a thread's next is nt units on, nt / units patches
-// and nt % units units.
+// and nt % units units. (for_each_unit, below, walks them so only where a patch plane has
+// more units than the block has threads.)
 #define UNIT_BYTES 8
 template <int U>
 struct Units {
@@ -951,7 +952,8 @@ __device__ __forceinline__ void warp_tasks(const int* __restrict__ frags,
 // nothing decided per task.
 // done(m, v) gets each task's place m and four clamped bytes as two byte pairs: v[0] at
 // output 16 j + g, lines 2 t (byte 0) and 2 t + 1 (byte 1) of the N-block; v[1] at output
-// 16 j + g + 8. KS: the most 32-input steps of the tile's blocks.
+// 16 j + g + 8. KS: the most 32-input steps of the tile's blocks. ready(): the barrier after
+// which `in` is in place (warp_tasks calls it once the warp's first weights are on their way).
 template <int CH, int KS, typename Ready, typename OutAt, typename Done>
 __device__ __forceinline__ void mma_pass(const int* __restrict__ frags,
                                          const int* __restrict__ spans, int blocks, int lbs,
