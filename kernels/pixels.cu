@@ -976,27 +976,22 @@ __device__ __forceinline__ void mma_pass(const int* __restrict__ frags,
       left -= seg;
       const u8* l = l0 + c * in.plane + lb * in.step;
       u8* o = o0 + c * out_plane + lb * out_step;
+      auto tasks = [&](auto count) {  // N consecutive tasks, their products interleaved
+        constexpr int N = decltype(count)::value;
+        int acc[N][3][4];
+#pragma unroll
+        for (int i = 0; i < N; ++i) products<S>(a, l + i * in.step, acc[i]);
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+          unsigned v[2];
+          clamp_q22(acc[i], v);
+          done(o + i * out_step, v);
+        }
+      };
       int k = seg;
 #pragma unroll 1
-      for (; k >= 2; k -= 2) {  // two tasks at a time, their loads and products interleaved
-        int acc[3][4], acc2[3][4];
-        products<S>(a, l, acc);
-        products<S>(a, l + in.step, acc2);
-        unsigned v[2];
-        clamp_q22(acc, v);
-        done(o, v);
-        clamp_q22(acc2, v);
-        done(o + out_step, v);
-        l += 2 * in.step;
-        o += 2 * out_step;
-      }
-      if (k != 0) {
-        int acc[3][4];
-        products<S>(a, l, acc);
-        unsigned v[2];
-        clamp_q22(acc, v);
-        done(o, v);
-      }
+      for (; k >= 2; k -= 2, l += 2 * in.step, o += 2 * out_step) tasks(Int<2>());
+      if (k != 0) tasks(Int<1>());
     }
   });
 }
