@@ -424,6 +424,23 @@ struct PatchRow {
   __device__ __forceinline__ void next(int p, int npw) { advance(dk, dp, p, npw); }
 };
 
+// The source's reads (src_word, copy16) ask L2 to fetch 128 bytes around each from HBM
+// (.L2::128B, a prefetch size hint): a tile reads its rows in words and 16-byte pieces
+// spread over the block's threads, and the rest of each 128-byte line is read soon after.
+// Measured 0.5-1.8 µs faster than without (bench/results/20261201-store-hints, ab-83).
+#define MMWIRE_SRC_HINT ".L2::128B"
+
+// One word of the source (read-only for the launch), through the read-only path as __ldg.
+__device__ __forceinline__ unsigned src_word(const unsigned* p) {
+#ifdef MMWIRE_HOST_SHIM
+  return *p;
+#else
+  unsigned v;
+  asm("ld.global.nc" MMWIRE_SRC_HINT ".u32 %0, [%1];" : "=r"(v) : "l"(p));
+  return v;
+#endif
+}
+
 // Bytes p .. p + 4 * W as W words, from aligned word loads that touch only words holding
 // at least one of those bytes (an aligned word never straddles a page, so nothing unmapped
 // is read, and nothing past the word of the last byte).
@@ -434,8 +451,8 @@ __device__ __forceinline__ void load_words(const u8* p, unsigned out[W]) {
   const unsigned shift = (unsigned)(at & 3ull) * 8u;
   unsigned a[W + 1];
 #pragma unroll
-  for (int i = 0; i < W; ++i) a[i] = __ldg(w + i);
-  a[W] = shift != 0 ? __ldg(w + W) : 0u;
+  for (int i = 0; i < W; ++i) a[i] = src_word(w + i);
+  a[W] = shift != 0 ? src_word(w + W) : 0u;
 #pragma unroll
   for (int i = 0; i < W; ++i) out[i] = __funnelshift_r(a[i], a[i + 1], shift);
 }
@@ -491,7 +508,7 @@ __device__ __forceinline__ void load_bytes(const u8* p, unsigned (&out)[2]) {
     if constexpr (SHARED) {
       return w[i];
     } else {
-      return __ldg(w + i);
+      return src_word(w + i);
     }
   };
   const unsigned a0 = word(0);
@@ -758,7 +775,7 @@ __device__ __forceinline__ unsigned sat_pair(int lo, int hi) {
 // capability 8.0 (plain tiles only), an ordinary load and store.
 __device__ __forceinline__ void copy16(void* smem, const void* global) {
 #if __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
+  asm volatile("cp.async.cg.shared.global" MMWIRE_SRC_HINT " [%0], [%1], 16;" ::"r"(
                    (unsigned)__cvta_generic_to_shared(smem)),
                "l"(global));
 #else
@@ -1099,7 +1116,7 @@ __device__ __forceinline__ void load_planes(const u8* __restrict__ row, int c, i
   if constexpr (WHOLE) {
     const unsigned* p = (const unsigned*)(row + at * CH);
 #pragma unroll
-    for (int i = 0; i < NW; ++i) x[i] = __ldg(p + i);
+    for (int i = 0; i < NW; ++i) x[i] = src_word(p + i);
   } else {
     load_words<NW>(row + at * CH, x);
   }
