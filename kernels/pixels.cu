@@ -697,17 +697,28 @@ __device__ __forceinline__ void plain_units(const Rows& rows, const i64* d, cons
                                             T* __restrict__ o0, int p, int gw, int nph, int npw,
                                             int vh, int vw, int y0, int x0) {
   const int pp = p * p;
-  for_each_unit<U>(p, nph, npw, gw, [&](const int (&ry)[U / 2], const int (&cx)[U / 2], int at) {
-    T r[3][U];
+  // INSIDE: the whole tile lies in the image (no padding), so every run has both pixels and
+  // the loop is compiled without the checks (most tiles; those at the canvas's right and
+  // bottom edges take the general loop)
+  auto units = [&](auto inside) {
+    for_each_unit<U>(p, nph, npw, gw, [&](const int (&ry)[U / 2], const int (&cx)[U / 2], int at) {
+      T r[3][U];
 #pragma unroll
-    for (int run = 0; run < U / 2; ++run) {
-      const int n = ry[run] < vh ? min(2, vw - cx[run]) : 0;  // pixels of the run in the image
-      run_values<CH, 2, Rows::SHARED>(rows.row(ry[run]) + cx[run] * CH, n, d, y0 + ry[run],
-                                      x0 + cx[run], tb, r, 2 * run);
-    }
+      for (int run = 0; run < U / 2; ++run) {
+        // the run's pixels in the image
+        const int n = decltype(inside)::value ? 2 : ry[run] < vh ? min(2, vw - cx[run]) : 0;
+        run_values<CH, 2, Rows::SHARED>(rows.row(ry[run]) + cx[run] * CH, n, d, y0 + ry[run],
+                                        x0 + cx[run], tb, r, 2 * run);
+      }
 #pragma unroll
-    for (int c = 0; c < 3; ++c) store_run<U>(o0 + at + c * pp, r[c]);
-  });
+      for (int c = 0; c < 3; ++c) store_run<U>(o0 + at + c * pp, r[c]);
+    });
+  };
+  if (vh == nph * p && vw == npw * p) {
+    units(Int<1>());
+  } else {
+    units(Int<0>());
+  }
 }
 
 // ---- The tensor-core resize (MMA tiles: gray, RGB or RGBA, resized on both axes) ----

@@ -26,6 +26,7 @@ CLIP = ProcessorConfig(
     image_std=(0.26862954, 0.26130258, 0.27577711),
 )
 WIDE = ProcessorConfig(in_patch_limit=128)  # 700 x 300 -> 244 x 104: 0.35 of a side
+UNRESIZED = ProcessorConfig(in_patch_limit=1024)  # up to 32 x 32 patches stay as they are
 ODD_PATCH = ProcessorConfig(patch_size=15, in_patch_limit=40)  # the kernel's pixel-by-pixel path
 ODD_PATCH_K3 = ProcessorConfig(patch_size=15, in_patch_limit=40, background=K3_BACKGROUND)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -94,6 +95,12 @@ def case(name: str, rng: np.random.Generator) -> Items:
                 (99, 97, 3),
             )
         ]
+    if name == "plain_inside":  # unresized, several tiles each: tiles wholly inside the
+        # image (the plain kernel's loop without padding checks) and tiles at its edges
+        return [
+            (u8(h, w, c), UNRESIZED)
+            for h, w, c in ((130, 120, 3), (117, 143, 1), (90, 200, 3), (75, 61, 1), (112, 112, 3))
+        ]
     if name == "plain_and_mma":  # unresized RGB and gray (plain tiles, staged in fp32) and
         # RGB resized on both axes (MMA tiles), for the stores' widths (kernels_into)
         return [(u8(h, w, c), SMALL) for h, w, c in ((60, 90, 3), (45, 70, 1), (200, 260, 3))]
@@ -110,6 +117,7 @@ CASES = (
     "mixed_configs",
     "odd_patch",
     "tensor_core_scales",
+    "plain_inside",
 )
 
 
