@@ -342,7 +342,8 @@ __device__ __forceinline__ void packed_pass(const unsigned* m, int step,
 // split some of these into two 4-byte stores. Nothing in a launch reads what it stores, so
 // the stores are marked streaming (st.global.cs: evict first from L2): the patches then
 // leave L2 to the windows' sources, which neighbouring tiles share. Measured 1-2.4 µs
-// faster on the plain and MMA kernels alike (bench/results/20261201-store-hints).
+// faster on the seed, resized and tall batches, plain and MMA kernels alike (the mixed batch
+// within its spread; bench/results/20261201-store-hints, ab-81).
 __device__ __forceinline__ void store_pair8(void* p, unsigned x, unsigned y) {
   asm volatile("st.global.cs.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(x), "r"(y));
 }
@@ -427,7 +428,7 @@ struct PatchRow {
 // The source's reads (src_word, copy16) ask L2 to fetch 128 bytes around each from HBM
 // (.L2::128B, a prefetch size hint): a tile reads its rows in words and 16-byte pieces
 // spread over the block's threads, and the rest of each 128-byte line is read soon after.
-// Measured 0.5-1.8 µs faster than without (bench/results/20261201-store-hints, ab-83).
+// Measured 0.3-2 µs faster than without (bench/results/20261201-store-hints, ab-83).
 #define MMWIRE_SRC_HINT ".L2::128B"
 
 // One word of the source (read-only for the launch), through the read-only path as __ldg.
