@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from mmwire.kernels import Launcher, pack, preprocess_packed
 from mmwire.materialize import K3_BACKGROUND, ProcessorConfig, preprocess_images
-from mmwire.transport import Background
+from mmwire.transport import Background, PreprocessSpec
 
 Image = np.ndarray[Any, Any]
 Items = list[tuple[Image, ProcessorConfig]]
@@ -127,12 +127,20 @@ def reference(items: Items, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Ten
     return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
 
 
+Packed = tuple[torch.Tensor, list[tuple[int, int, int]], list[PreprocessSpec]]
+
+
+def _packed(items: Items, device: str) -> Packed:
+    """The images packed on ``device`` (source, shapes) and their specs."""
+    src, shapes = pack([torch.from_numpy(im).to(device) for im, _ in items])
+    return src, shapes, [cfg.spec_for(im.shape[1], im.shape[0]) for im, cfg in items]
+
+
 def kernels(
     items: Items, dtype: torch.dtype, device: str, launcher: Launcher | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernels over the same images, packed into one launch on ``device``."""
-    src, shapes = pack([torch.from_numpy(im).to(device) for im, _ in items])
-    specs = [cfg.spec_for(im.shape[1], im.shape[0]) for im, cfg in items]
+    src, shapes, specs = _packed(items, device)
     return preprocess_packed(src, shapes, specs, dtype, launcher=launcher)
 
 
@@ -142,8 +150,7 @@ def kernels_into(
     """The kernels' patches written into an ``out`` that starts ``skew`` values past a fresh
     allocation's start: fp32 goes out as 16-byte stores only where ``out`` starts on 16
     bytes, as pairs where it starts on 8 (the least the kernels accept)."""
-    src, shapes = pack([torch.from_numpy(im).to(device) for im, _ in items])
-    specs = [cfg.spec_for(im.shape[1], im.shape[0]) for im, cfg in items]
+    src, shapes, specs = _packed(items, device)
     p = specs[0].patch_size
     rows = sum(spec.plan.grid.patches for spec in specs)
     out = torch.empty(rows * 3 * p * p + skew, dtype=dtype, device=device)[skew:]
