@@ -45,6 +45,7 @@ static inline unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned shift)
   shift &= 31;
   return shift == 0 ? lo : (lo >> shift) | (hi << (32 - shift));
 }
+static inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz((unsigned)x); }
 static inline unsigned __umulhi(unsigned a, unsigned b) {
   return (unsigned)(((unsigned long long)a * b) >> 32);
 }
