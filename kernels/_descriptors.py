@@ -91,9 +91,11 @@ RECORD_FIELDS: tuple[str, ...] = (
     "R_PAD0",
     "R_PAD1",
 )
-"""An MMA tile's record (``enum Record`` in ``pixels.cu``): what its block would otherwise
-work out from the descriptor and the spans before it could stage its window, so staging
-starts after one load."""
+"""An MMA or plain tile's record (``enum Record`` in ``pixels.cu``): what its block would
+otherwise work out from the descriptor (and for MMA the spans) before it could stage its
+window or read its pixels, so that starts after one load. A plain tile's has no spans,
+fragments or flags; its ``R_SRC_*`` is its first pixel and ``R_USED_*`` the part of it
+inside the image."""
 _R = {name: i for i, name in enumerate(RECORD_FIELDS)}
 _TWO_STEPS, _V_FIRST, _WHOLE, _RAW = 1, 2, 4, 8  # R_FLAGS
 _NONE, _HORIZONTAL, _VERTICAL = 0, 1, 2
@@ -171,8 +173,8 @@ class Layout:
     tile_image: np.ndarray[Any, np.dtype[np.int32]]
     """The image of each tile of the fused launches (tiles of one image are consecutive)."""
     tile_records: np.ndarray[Any, np.dtype[np.int32]]
-    """``(MMA tiles, len(RECORD_FIELDS))``: the MMA launches' tile records, in tile order (a
-    launch reads its own from its first)."""
+    """``(MMA and plain tiles, len(RECORD_FIELDS))``: the MMA and plain launches' tile
+    records, in tile order (a launch reads its own from its first)."""
     tile_groups: tuple[tuple[int, Kind, int, int], ...]
     """One fused launch per channel count and kind: ``(channels, kind, first tile, tiles)``."""
     smem_bytes: int
@@ -472,10 +474,8 @@ def _mma_records(
     tiles_h = -(-grid_h // tph)
     xs, _ = _mma_axis(job.in_w, job.out_w, tpw * patch, tiles_w)
     ys, _ = _mma_axis(job.in_h, job.out_h, tph * patch, tiles_h)
-    k = np.arange(tiles_w * tiles_h, dtype=np.int64)
-    trow, tcol = k // tiles_w, k % tiles_w
-    gy0, gx0 = trow * tph, tcol * tpw
-    nph, npw = np.minimum(tph, grid_h - gy0), np.minimum(tpw, grid_w - gx0)
+    gy0, gx0, nph, npw = _tiles(row)
+    trow, tcol = gy0 // tph, gx0 // tpw
 
     def two_steps(spans: np.ndarray[Any, Any], index: Any, patches: Any) -> Any:
         steps = spans[index, 2::2]  # each block's, of the tile's column (row)
@@ -494,7 +494,6 @@ def _mma_records(
         + whole * _WHOLE
         + _mma_raw(job, v_first, f("SRC_OFF")) * _RAW
     )
-    rec = np.zeros((k.size, len(RECORD_FIELDS)), np.int64)
     values = {
         "R_IMAGE": image,
         "R_SRC_LO": src & 0xFFFFFFFF,
@@ -515,6 +514,26 @@ def _mma_records(
         "R_TABLE": f("TABLE"),
         "R_FLAGS": flags,
     }
+    return _records(values, gy0.size, job)
+
+
+def _tiles(row: np.ndarray[Any, np.dtype[np.int64]]) -> tuple[Any, Any, Any, Any]:
+    """A TILED image's tiles in tile order, from its descriptor ``row``: each one's first
+    patch row and column and its patches down and across (short at the canvas's edges)."""
+    tph, tpw, tiles_w, grid_h, grid_w = (
+        int(row[_F[n]]) for n in ("TILE_PH", "TILE_PW", "TILES_W", "GRID_H", "GRID_W")
+    )
+    k = np.arange(tiles_w * -(-grid_h // tph), dtype=np.int64)
+    gy0, gx0 = k // tiles_w * tph, k % tiles_w * tpw
+    return gy0, gx0, np.minimum(tph, grid_h - gy0), np.minimum(tpw, grid_w - gx0)
+
+
+def _records(
+    values: dict[str, Any], tiles: int, job: ImageJob
+) -> np.ndarray[Any, np.dtype[np.int32]]:
+    """Tile records (``RECORD_FIELDS``; the rest 0) from their fields' values, as int32 (the
+    source offset's low word unsigned); refused where an offset does not fit 32 bits."""
+    rec = np.zeros((tiles, len(RECORD_FIELDS)), np.int64)
     for name, value in values.items():
         rec[:, _R[name]] = value
     signed = np.delete(rec, _R["R_SRC_LO"], axis=1)  # the low word is unsigned
@@ -522,6 +541,41 @@ def _mma_records(
         raise ValueError(f"cannot plan {job}: its tiles' offsets do not fit 32 bits")
     out: np.ndarray[Any, np.dtype[np.int32]] = rec.astype(np.uint32).view(np.int32)
     return out
+
+
+def _plain_records(
+    job: ImageJob, image: int, row: np.ndarray[Any, np.dtype[np.int64]], patch: int
+) -> np.ndarray[Any, np.dtype[np.int32]]:
+    """An unresized (plain) image's tile records, in tile order, from its descriptor
+    ``row``: each tile's first pixel in the source, the part of it inside the image
+    (``R_USED_W`` x ``R_USED_H``; none of it where the tile is all padding) and its
+    patches; no spans, fragments or flags."""
+    gy0, gx0, nph, npw = _tiles(row)
+    y0, x0 = gy0 * patch, gx0 * patch
+    vh = np.clip(job.out_h - y0, 0, nph * patch)
+    vw = np.clip(job.out_w - x0, 0, npw * patch)
+    inside = (vh > 0) & (vw > 0)
+    grid_w = int(row[_F["GRID_W"]])
+    src = (  # (kept inside the image for a tile all padding, which reads nothing)
+        int(row[_F["SRC_OFF"]])
+        + (np.minimum(y0, job.in_h - 1) * job.in_w + np.minimum(x0, job.in_w - 1)) * job.ch
+    )
+    values = {
+        "R_IMAGE": image,
+        "R_SRC_LO": src & 0xFFFFFFFF,
+        "R_SRC_HI": src >> 32,
+        "R_ROW_BYTES": job.in_w * job.ch,
+        "R_USED_W": vw * inside,
+        "R_USED_H": vh * inside,
+        "R_TILE_H": nph,
+        "R_TILE_W": npw,
+        "R_GY0": gy0,
+        "R_GX0": gx0,
+        "R_PATCH": int(row[_F["ROW"]]) + gy0 * grid_w + gx0,
+        "R_GRID_W": grid_w,
+        "R_TABLE": int(row[_F["TABLE"]]),
+    }
+    return _records(values, gy0.size, job)
 
 
 def _bg_fields(bg: Background | None) -> tuple[int, int, int, int, int]:
@@ -713,10 +767,15 @@ def layout_of(
                 groups.append((ch, kind, first, at - first))
     tile_image = np.repeat(np.array(order, dtype=np.int32), [tiles_of[i] for i in order])
     records = np.zeros((0, len(RECORD_FIELDS)), np.int32)
-    mma_order = [i for i in order if kinds[i] == "mma" and tiles_of[i]]
-    if mma_order:
+    recorded = [i for i in order if kinds[i] != "general" and tiles_of[i]]
+    if recorded:
         records = np.concatenate(
-            [_mma_records(jobs[i], i, desc[i], patch, axes[i]) for i in mma_order]
+            [
+                _mma_records(jobs[i], i, desc[i], patch, axes[i])
+                if kinds[i] == "mma"
+                else _plain_records(jobs[i], i, desc[i], patch)
+                for i in recorded
+            ]
         )
     for a in (desc, tables, grids, tile_image, records):
         a.setflags(write=False)

@@ -86,7 +86,8 @@ class Launcher(Protocol):
         """Resize (or its last pass), composite, pad, normalise and patchify, per tile, for
         the tiles ``first_tile ..`` of images with ``channels`` channels and ``kind``
         (``Layout.tile_groups``). ``tiles``: each tile's image (``Layout.tile_image``), or
-        for the MMA kind this launch's tile records (its rows of ``Layout.tile_records``).
+        for the MMA and plain kinds this launch's tile records (its rows of
+        ``Layout.tile_records``).
         ``overlap``: this launch follows another fused launch of the same call, and may
         start while that one finishes (the kernel orders its end after that one's)."""
 

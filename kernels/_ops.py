@@ -280,16 +280,19 @@ def preprocess_packed(
         "plain": layout.plain_smem_bytes,
         "mma": layout.mma_smem_bytes,
     }
-    # per channel count and kind: the MMA launches first (their records in layout order),
-    # each launch after the first free to start as the one before it finishes (overlap),
-    # so the others' blocks fill the multiprocessors the MMA launches' last tiles leave
+    # per channel count and kind: the MMA launches first, each launch after the first free
+    # to start as the one before it finishes (overlap), so the others' blocks fill the
+    # multiprocessors the MMA launches' last tiles leave. An MMA or plain launch reads its
+    # own tile records from its first (they are in tile order, the general tiles' left out)
+    record_at, at = {}, 0
+    for _, kind, first, count in layout.tile_groups:
+        if kind != "general":
+            record_at[first], at = at, at + count
     groups = sorted(layout.tile_groups, key=lambda g: g[1] != "mma")
-    mma_tiles = 0  # records of the MMA launches before this one
     for i, (channels, kind, first, count) in enumerate(groups):
         per_tile = tiles
-        if kind == "mma":  # an MMA launch reads its own tile records from its first
-            per_tile = records[mma_tiles : mma_tiles + count]
-            mma_tiles += count
+        if kind != "general":
+            per_tile = records[record_at[first] : record_at[first] + count]
         run.fused(
             bits,
             channels,

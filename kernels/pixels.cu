@@ -73,9 +73,12 @@ enum Field {
   NF = 38
 };
 
-// An MMA tile's record (int32, built by the host's _mma_records): what its block would
-// otherwise work out from its image's descriptor and spans before it could stage its
-// window, so staging starts after one load. The order is mirrored in kernels/_descriptors.py.
+// An MMA or plain tile's record (int32, built by the host's _mma_records and
+// _plain_records): what its block would otherwise work out from its image's descriptor
+// (and for MMA its spans) before it could stage its window or read its pixels, so that
+// starts after one load. The order is mirrored in kernels/_descriptors.py. A plain tile's
+// has no spans, fragments or flags; its R_SRC_* is its first pixel and R_USED_* the part
+// of it inside the image.
 enum Record {
   R_IMAGE = 0,        // the tile's image (its descriptor row)
   R_SRC_LO = 1,       // byte offset in the source of the window's first pixel (low, high word)
@@ -1399,12 +1402,67 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
   }
 }
 
+// One unresized tile (a PLAIN launch's; the host groups these images) from its record rec
+// (enum Record: its first pixel, the part of it inside the image, its patches): no window,
+// nothing worked out from the descriptor, so the table's loads go out after one load and
+// the pixels' right after the barrier (RGBA also copies its descriptor into d, for the
+// composite). sm: the dynamic shared memory, where fp32 gray and RGB stage the tile's
+// pixels as they are (copy_rows: all in flight at once, one wait) in rows of plain_pitch
+// (the host's _plain_pitch) and write them as 16-byte units where wide_units; RGBA and the
+// 16-bit types read the source, which measured faster for them
+// (bench/results/20261201-plain-staging).
+template <int CH, typename T>
+__device__ __forceinline__ void plain_tile(const u8* __restrict__ src,
+                                           const i64* __restrict__ desc,
+                                           const T* __restrict__ table, const int (&rec)[NR],
+                                           i64* d, T* tb, T* __restrict__ out, int p, u8* sm) {
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x, nt = blockDim.x * blockDim.y;
+  constexpr int TW = (int)(3 * 256 * sizeof(T) / 8);  // the table as 8-byte words
+  const u64* words = (const u64*)(table + rec[R_TABLE]);
+#pragma unroll 1
+  for (int i = tid; i < TW; i += nt) ((u64*)tb)[i] = words[i];
+  if constexpr (CH == 4) {
+    const i64* row = desc + (i64)rec[R_IMAGE] * NF;
+#pragma unroll 1
+    for (int i = tid; i < NF; i += nt) d[i] = row[i];
+  }
+  const int row = rec[R_ROW_BYTES], nph = rec[R_TILE_H], npw = rec[R_TILE_W];
+  const int gw = rec[R_GRID_W], vh = rec[R_USED_H], vw = rec[R_USED_W];
+  const int y0 = rec[R_GY0] * p, x0 = rec[R_GX0] * p;
+  const u8* s0 = src + (i64)(((u64)(unsigned)rec[R_SRC_HI] << 32) | (unsigned)rec[R_SRC_LO]);
+  T* o0 = out + (i64)rec[R_PATCH] * 3 * p * p;
+  const SourceRows source{s0, row};
+  constexpr bool STAGE = sizeof(T) == 4 && CH != 4;
+  const StagedRows staged{plain_pitch(npw * p * CH), (unsigned)(u64)s0, (unsigned)row};
+  if constexpr (STAGE) {
+    MMWIRE_SMEM_CHECK(vh * staged.pitch);
+    copy_rows(s0, row, vh, vw * CH, 15, sm, staged.pitch);
+    copy_wait();
+  }
+  __syncthreads();  // the block's normalise table (RGBA's d, and the staged pixels) in place
+  if constexpr (STAGE) {
+    if ((p & 1) != 0) {
+      plain_runs<CH, 1>(staged, d, tb, o0, p, gw, nph, npw, vh, vw, y0, x0);
+    } else if (wide_units(out)) {
+      plain_units<CH, 4>(staged, d, tb, o0, p, gw, nph, npw, vh, vw, y0, x0);
+    } else {
+      plain_runs<CH, 2>(staged, d, tb, o0, p, gw, nph, npw, vh, vw, y0, x0);
+    }
+  } else if ((p & 1) != 0) {
+    plain_runs<CH, 1>(source, d, tb, o0, p, gw, nph, npw, vh, vw, y0, x0);
+  } else if constexpr (CH == 4) {
+    plain_runs<CH, 2>(source, d, tb, o0, p, gw, nph, npw, vh, vw, y0, x0);
+  } else {
+    plain_units<CH, UNIT_BYTES / sizeof(T)>(source, d, tb, o0, p, gw, nph, npw, vh, vw, y0, x0);
+  }
+}
+
 // One tile of one image: patches (gy0 .. gy0 + nph) x (gx0 .. gx0 + npw) of its canvas.
 // sm: the dynamic shared memory, for the tile's window and intermediate when TILED. Every
 // loop strides by the block's shape; the GPU's (p / 2, 256 / (p / 2)) blocks give each
 // thread a pixel pair px, px + 1 of the patch rows it walks, so nothing is divided per
 // pixel and each of the three planes gets one 2-value store.
-template <int CH, bool PLAIN, typename T>
+template <int CH, typename T>
 __device__ __forceinline__ void fused_tile(const u8* __restrict__ src, const u8* __restrict__ mid,
                                            const i64* d, const int* __restrict__ tab,
                                            const T* tb, T* __restrict__ out, int tile, int p,
@@ -1457,44 +1515,6 @@ __device__ __forceinline__ void fused_tile(const u8* __restrict__ src, const u8*
       write_runs(Int<1>(), resized);
     }
   };
-  if constexpr (PLAIN) {  // unresized (the host groups these tiles): no window
-    const int row = (int)d[IN_W] * CH;
-    const u8* s0 = src + d[SRC_OFF] + (i64)y0 * row + (i64)x0 * CH;
-    const SourceRows source{s0, row};
-    T* o0 = out + first_patch * 3 * pp;
-    const int vh = vy1 - y0, vw = vx1 - x0;
-    // fp32 gray and RGB from the tile's pixels staged as they are in shared memory
-    // (copy_rows: all in flight at once, one wait), in rows of plain_pitch (the host's
-    // _plain_pitch) for the image's tile width, written as 16-byte units where wide_units;
-    // RGBA and the 16-bit types from the source, which measured faster for them
-    // (bench/results/20261201-plain-staging)
-    constexpr bool STAGE = sizeof(T) == 4 && CH != 4;
-    const StagedRows staged{plain_pitch((int)d[TILE_PW] * p * CH), (unsigned)(u64)s0,
-                            (unsigned)row};
-    if constexpr (STAGE) {
-      MMWIRE_SMEM_CHECK(vh * staged.pitch);
-      copy_rows(s0, row, vh, vw * CH, 15, (u8*)sm, staged.pitch);
-      copy_wait();
-    }
-    __syncthreads();  // the block's normalise table (and the staged pixels) are in place
-    if constexpr (STAGE) {
-      if ((p & 1) != 0) {
-        plain_runs<CH, 1>(staged, d, tb, o0, p, gw, nph, npw, vh, vw, y0, x0);
-      } else if (wide_units(out)) {
-        plain_units<CH, 4>(staged, d, tb, o0, p, gw, nph, npw, vh, vw, y0, x0);
-      } else {
-        plain_runs<CH, 2>(staged, d, tb, o0, p, gw, nph, npw, vh, vw, y0, x0);
-      }
-    } else if ((p & 1) != 0) {
-      plain_runs<CH, 1>(source, d, tb, o0, p, gw, nph, npw, vh, vw, y0, x0);
-    } else if constexpr (CH == 4) {
-      plain_runs<CH, 2>(source, d, tb, o0, p, gw, nph, npw, vh, vw, y0, x0);
-    } else {
-      plain_units<CH, UNIT_BYTES / sizeof(T)>(source, d, tb, o0, p, gw, nph, npw, vh, vw, y0,
-                                              x0);
-    }
-    return;
-  }
   if (!tiled) {  // global memory: the source, or resize_pass1's intermediate
     __syncthreads();  // the block's normalise table is in place
     write_tile([&](int y, int x, int v[4]) { resized_px<CH>(src, mid, d, tab, y, x, v); });
@@ -1597,8 +1617,8 @@ __device__ __forceinline__ void wait_for_previous_launch() {
 // The whole pixel pipeline (after resize_pass1 for images that are not TILED): resize,
 // composite, zero pad, normalise and patchify into (sum patches, 3, p, p). Grid: one block
 // per tile, one launch per channel count and kind (`tiles` names each tile's image, this
-// launch's from first_tile; for MMA, `tiles` holds this launch's tile records, enum
-// Record). KIND: GENERAL (any block shape, (p / 2, 256 / (p / 2))
+// launch's from first_tile; for MMA and PLAIN, `tiles` holds this launch's tile records,
+// enum Record). KIND: GENERAL (any block shape, (p / 2, 256 / (p / 2))
 // on the GPU for an even p, (p, 256 / p) for an odd one), PLAIN (unresized TILED images
 // only: no resize code, no window), MMA (resized on both axes, either pass order, p
 // even: the tensor-core passes; blocks of whole warps, (32, 8) on the GPU). overlapping:
@@ -1628,7 +1648,7 @@ __global__ void __launch_bounds__(FUSED_THREADS, KIND == PLAIN ? FUSED_PLAIN_MIN
   __shared__ __align__(8) T tb[3 * 256];
   let_next_launch_start();
   [&] {  // the tile
-    if constexpr (KIND == MMA) {  // its record (five 16-byte loads), then straight to staging
+    if constexpr (KIND == MMA || KIND == PLAIN) {  // its record (five 16-byte loads)
       int rec[NR];
       const uint4* at = (const uint4*)tiles + (i64)blockIdx.x * (NR / 4);
 #pragma unroll
@@ -1640,7 +1660,9 @@ __global__ void __launch_bounds__(FUSED_THREADS, KIND == PLAIN ? FUSED_PLAIN_MIN
         rec[4 * i + 3] = (int)w.w;
       }
       u8* sm = (u8*)dynamic_smem();
-      if (rec[R_FLAGS] & R_V_FIRST) {
+      if constexpr (KIND == PLAIN) {
+        plain_tile<CH, T>(src, desc, table, rec, d, tb, out, p, sm);
+      } else if (rec[R_FLAGS] & R_V_FIRST) {  // then straight to staging
         mma_tile<CH, true, false, T>(src, desc, tab, table, rec, d, tb, out, p, sm);
       } else if (CH != 4 && (rec[R_FLAGS] & R_RAW) && ((u64)src & 3) == 0) {
         mma_tile<CH, false, CH != 4, T>(src, desc, tab, table, rec, d, tb, out, p, sm);
@@ -1661,7 +1683,7 @@ __global__ void __launch_bounds__(FUSED_THREADS, KIND == PLAIN ? FUSED_PLAIN_MIN
     const u64* tw = (const u64*)(table + d[TABLE]);
 #pragma unroll 1
     for (int i = tid; i < (int)(3 * 256 * sizeof(T) / 8); i += nt) ((u64*)tb)[i] = tw[i];
-    fused_tile<CH, KIND == PLAIN, T>(src, mid, d, tab, tb, out, tile, p, dynamic_smem());
+    fused_tile<CH, T>(src, mid, d, tab, tb, out, tile, p, dynamic_smem());
   }();
   // overlapping (the host launched this one to overlap the call's launch before it): the
   // last block ends only after that launch has, its patches visible, so whatever the stream

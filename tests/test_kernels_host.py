@@ -69,31 +69,33 @@ def test_tile_records_are_whole_16_byte_loads() -> None:
     assert len(RECORD_FIELDS) % 4 == 0  # the kernel loads a record as uint4s
 
 
-def test_tile_records_say_where_each_mma_tile_reads_and_writes() -> None:
+def test_tile_records_say_where_each_mma_and_plain_tile_reads_and_writes() -> None:
     from mmwire.kernels._descriptors import _mma_axis
 
     # odd widths (rows not on a word) and one of whole words, RGBA (rows on words, its
     # last groups past the image), a tall image passed vertically first, a 0.4
     # downscale (two 32-input steps a block) and one of 0.9 (one), after an unresized
-    # image; the first, RGB with rows on words, is staged raw
+    # image; the first, RGB with rows on words, is staged raw; last an unresized image
+    # smaller than its canvas (its tile partly padding)
     jobs = (
         ImageJob(in_w=200, in_h=120, ch=3, out_w=90, out_h=56, patches=28, grid_w=7),
         ImageJob(in_w=397, in_h=99, ch=4, out_w=159, out_h=40, patches=36, grid_w=12),
         ImageJob(in_w=140, in_h=352, ch=1, out_w=56, out_h=140, patches=40, grid_w=4, row=500),
         ImageJob(in_w=56, in_h=28, ch=3, out_w=56, out_h=28, patches=8, grid_w=4),
         ImageJob(in_w=301, in_h=203, ch=3, out_w=271, out_h=183, patches=280, grid_w=20),
+        ImageJob(in_w=50, in_h=30, ch=3, out_w=50, out_h=30, patches=12, grid_w=4),
     )
     layout = layout_of(jobs, (13, 0), 14, tensor_cores=True)
     assert [g[:2] for g in layout.tile_groups] == [(1, "mma"), (3, "plain"), (3, "mma"), (4, "mma")]
-    mma = [
-        t
+    recorded = [
+        (t, kind)
         for _, kind, first, n in layout.tile_groups
-        if kind == "mma"
+        if kind != "general"
         for t in range(first, first + n)
     ]
-    assert len(layout.tile_records) == len(mma)
-    f, tab, seen = FIELDS.index, layout.tables, set()
-    for t, rec in zip(mma, layout.tile_records.astype(np.int64)):
+    assert len(layout.tile_records) == len(recorded)
+    f, tab, seen, plain_used = FIELDS.index, layout.tables, set(), []
+    for (t, kind), rec in zip(recorded, layout.tile_records.astype(np.int64)):
         r = dict(zip(RECORD_FIELDS, rec))
         image = int(layout.tile_image[t])
         d, job = layout.desc[image], jobs[image]
@@ -107,6 +109,14 @@ def test_tile_records_say_where_each_mma_tile_reads_and_writes() -> None:
         assert r["R_TILE_W"] == min(d[f("TILE_PW")], job.grid_w - gx0)
         # the window: inside the image, from each axis's first M-block's first tap
         at = ((r["R_SRC_HI"] << 32) | (r["R_SRC_LO"] & 0xFFFFFFFF)) - d[f("SRC_OFF")]
+        if kind == "plain":  # its first pixel and the part of it inside the image
+            assert at == (gy0 * job.in_w + gx0) * 14 * job.ch
+            assert r["R_ROW_BYTES"] == job.in_w * job.ch
+            assert r["R_USED_W"] == min(r["R_TILE_W"] * 14, job.out_w - gx0 * 14)
+            assert r["R_USED_H"] == min(r["R_TILE_H"] * 14, job.out_h - gy0 * 14)
+            assert r["R_X_SPANS"] == r["R_Y_WORDS"] == r["R_FLAGS"] == 0
+            plain_used.append((int(r["R_USED_H"]), int(r["R_USED_W"])))
+            continue
         wy, wx = divmod(int(at) // job.ch, job.in_w)
         assert at % job.ch == 0 and r["R_ROW_BYTES"] == job.in_w * job.ch
         assert wx >= 0 and wx + r["R_USED_W"] <= job.in_w
@@ -140,9 +150,10 @@ def test_tile_records_say_where_each_mma_tile_reads_and_writes() -> None:
         raw = job.ch != 4 and d[f("PASS1")] == 1 and (d[f("SRC_OFF")] | job.in_w * job.ch) % 4 == 0
         assert bool(r["R_FLAGS"] & 8) == raw
         seen.add((two, bool(r["R_FLAGS"] & 2), whole, raw))
-    # every flag is seen both ways
+    # every flag is seen both ways; the plain tiles, whole and partly padding
     for k in range(4):
         assert {s[k] for s in seen} == {False, True}
+    assert plain_used == [(28, 56), (30, 50)]
 
 
 def test_fused_block_limit_matches_the_cuda_define() -> None:
