@@ -537,7 +537,12 @@ def _records(
     for name, value in values.items():
         rec[:, _R[name]] = value
     signed = np.delete(rec, _R["R_SRC_LO"], axis=1)  # the low word is unsigned
-    if rec.min(initial=0) < 0 or signed.max(initial=0) >= 2**31:
+    span = rec[:, _R["R_USED_H"]] * rec[:, _R["R_ROW_BYTES"]]  # copy_rows' 32-bit offsets
+    if (
+        rec.min(initial=0) < 0
+        or signed.max(initial=0) >= 2**31
+        or span.max(initial=0) >= 2**32 - 16
+    ):
         raise ValueError(f"cannot plan {job}: its tiles' offsets do not fit 32 bits")
     out: np.ndarray[Any, np.dtype[np.int32]] = rec.astype(np.uint32).view(np.int32)
     return out

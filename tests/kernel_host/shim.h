@@ -117,6 +117,11 @@ static inline void mma_k32(int (&d)[4], const unsigned (&a)[4], unsigned b0, uns
 
 // cp.async of 16 bytes: copied at once, so there is nothing to wait for.
 static inline void copy16(void* smem, const void* global) { std::memcpy(smem, global, 16); }
+template <typename T>
+static inline T load_before_barrier(const T* p) { return *p; }
+static inline void copy16_if_less(void* smem, const void* global, int a, int b) {
+  if (a < b) copy16(smem, global);
+}
 static inline void copy_wait() {}
 
 // lo and hi clamped to bytes, as bytes 0 and 1 (cvt.pack.sat.u8.s32.b32 with c = 0).
