@@ -69,6 +69,22 @@ def test_tile_records_are_whole_16_byte_loads() -> None:
     assert len(RECORD_FIELDS) % 4 == 0  # the kernel loads a record as uint4s
 
 
+@pytest.mark.parametrize(
+    ("width", "fits"), [(30_000_000 // 14 * 14, True), (40_000_000 // 14 * 14, False)]
+)
+def test_a_tile_window_past_4_gib_of_the_source_is_refused(width: int, fits: bool) -> None:
+    # copy_rows stages a window's rows with 32-bit offsets: 28 rows of RGBA 4 * width bytes
+    # span 3.4 GB (fits) or 4.5 GB (refused, before anything is launched)
+    job = ImageJob(
+        in_w=width, in_h=28, ch=4, out_w=width, out_h=28, grid_w=width // 14, patches=width // 7
+    )
+    if fits:
+        assert layout_of((job,), None, 14).tile_records.shape[0] > 0
+    else:
+        with pytest.raises(ValueError, match="do not fit 32 bits"):
+            layout_of((job,), None, 14)
+
+
 def test_tile_records_say_where_each_mma_and_plain_tile_reads_and_writes() -> None:
     from mmwire.kernels._descriptors import _mma_axis
 
