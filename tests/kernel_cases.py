@@ -6,7 +6,7 @@ images exercise both passes, both pass orders, premultiplied RGBA and the compos
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -40,85 +40,92 @@ def _rgba(rng: np.random.Generator, h: int, w: int) -> Image:
     return img
 
 
+class Shot(NamedTuple):
+    """One image of a case: its shape, its config, and for RGBA whether its alpha mixes 0,
+    255 and partial values (``_rgba``) rather than uniform random bytes."""
+
+    h: int
+    w: int
+    c: int
+    config: ProcessorConfig
+    mixed_alpha: bool = False
+
+
+def _shots(config: ProcessorConfig, *shapes: tuple[int, int, int]) -> tuple[Shot, ...]:
+    return tuple(Shot(h, w, c, config) for h, w, c in shapes)
+
+
+_CASES: dict[str, tuple[Shot, ...]] = {
+    "rgb_distinct": _shots(SMALL, (130, 170, 3), (97, 211, 3), (160, 160, 3), (71, 75, 3)),
+    "rgba_chessboard": tuple(
+        Shot(h, w, 4, K3_SMALL, True) for h, w in ((150, 120), (90, 233), (41, 39))
+    ),
+    "rgba_drop_and_white": (Shot(140, 101, 4, SMALL, True), Shot(77, 190, 4, WHITE_BG, True)),
+    "gray": _shots(SMALL, (123, 99, 1), (60, 250, 1)),
+    # tall: vertical first under Pillow >= 13
+    "pass_order_flip": _shots(SMALL, (400, 45, 3), (301, 80, 4), (150, 40, 1)),
+    # the last two: resized tiles under 4 source columns
+    "tiny_and_extreme": _shots(
+        SMALL,
+        (1, 1, 3),
+        (2, 3, 4),
+        (5, 1500, 3),
+        (1500, 5, 3),
+        (1, 900, 1),
+        (5000, 3, 4),
+        (4600, 3, 3),
+    ),
+    "mixed_configs": (
+        Shot(120, 90, 3, CLIP),
+        Shot(88, 131, 4, K3_SMALL, True),
+        Shot(33, 47, 1, SMALL),
+        Shot(200, 61, 3, SMALL),
+    ),
+    # p = 15: no pixel pairs, every store on its own
+    "odd_patch": (
+        Shot(130, 170, 3, ODD_PATCH),
+        Shot(90, 233, 4, ODD_PATCH_K3, True),
+        Shot(61, 47, 1, ODD_PATCH),
+        Shot(40, 31, 3, ODD_PATCH),
+    ),
+    # MMA tiles: one and two 32-input steps, 2:1 and wide, rows on a word (staged raw: the
+    # first, the gray, 99 x 100 and 300 x 700, whose windows' rows span more granules than
+    # a warp has lanes) and off one
+    "tensor_core_scales": (
+        *_shots(
+            SMALL,
+            (200, 260, 3),
+            (150, 190, 3),
+            (210, 172, 1),
+            (118, 330, 3),
+            (99, 100, 3),
+        ),
+        Shot(300, 700, 3, WIDE),
+        Shot(99, 97, 3, SMALL),
+    ),
+    # unresized, several tiles each: tiles wholly inside the image (the plain kernel's loop
+    # without padding checks) and tiles at its edges
+    "plain_inside": _shots(
+        UNRESIZED, (130, 120, 3), (117, 143, 1), (90, 200, 3), (75, 61, 1), (112, 112, 3)
+    ),
+    # unresized RGB and gray (plain tiles, staged in fp32) and RGB resized on both axes (MMA
+    # tiles), for the stores' widths (kernels_into); not in CASES
+    "plain_and_mma": _shots(SMALL, (60, 90, 3), (45, 70, 1), (200, 260, 3)),
+}
+CASES = tuple(name for name in _CASES if name != "plain_and_mma")
+
+
 def case(name: str, rng: np.random.Generator) -> Items:
-    """The images and configs of one named case."""
-    u8 = lambda *s: rng.integers(0, 256, s, dtype=np.uint8)  # noqa: E731
-    if name == "rgb_distinct":
-        return [(u8(h, w, 3), SMALL) for h, w in ((130, 170), (97, 211), (160, 160), (71, 75))]
-    if name == "rgba_chessboard":
-        return [(_rgba(rng, h, w), K3_SMALL) for h, w in ((150, 120), (90, 233), (41, 39))]
-    if name == "rgba_drop_and_white":
-        return [(_rgba(rng, 140, 101), SMALL), (_rgba(rng, 77, 190), WHITE_BG)]
-    if name == "gray":
-        return [(u8(h, w, 1), SMALL) for h, w in ((123, 99), (60, 250))]
-    if name == "pass_order_flip":  # tall: vertical first under Pillow >= 13
-        return [(u8(h, w, c), SMALL) for h, w, c in ((400, 45, 3), (301, 80, 4), (150, 40, 1))]
-    if name == "tiny_and_extreme":  # the last two: resized tiles under 4 source columns
-        return [
-            (u8(h, w, c), SMALL)
-            for h, w, c in (
-                (1, 1, 3),
-                (2, 3, 4),
-                (5, 1500, 3),
-                (1500, 5, 3),
-                (1, 900, 1),
-                (5000, 3, 4),
-                (4600, 3, 3),
-            )
-        ]
-    if name == "mixed_configs":
-        return [
-            (u8(120, 90, 3), CLIP),
-            (_rgba(rng, 88, 131), K3_SMALL),
-            (u8(33, 47, 1), SMALL),
-            (u8(200, 61, 3), SMALL),
-        ]
-    if name == "odd_patch":  # p = 15: no pixel pairs, every store on its own
-        return [
-            (u8(130, 170, 3), ODD_PATCH),
-            (_rgba(rng, 90, 233), ODD_PATCH_K3),
-            (u8(61, 47, 1), ODD_PATCH),
-            (u8(40, 31, 3), ODD_PATCH),
-        ]
-    if name == "tensor_core_scales":  # MMA tiles: one and two 32-input steps, 2:1 and wide,
-        # rows on a word (staged raw: the first, the gray, 99 x 100 and 300 x 700, whose
-        # windows' rows span more granules than a warp has lanes) and off one
-        return [
-            (u8(h, w, c), WIDE if w == 700 else SMALL)
-            for h, w, c in (
-                (200, 260, 3),
-                (150, 190, 3),
-                (210, 172, 1),
-                (118, 330, 3),
-                (99, 100, 3),
-                (300, 700, 3),
-                (99, 97, 3),
-            )
-        ]
-    if name == "plain_inside":  # unresized, several tiles each: tiles wholly inside the
-        # image (the plain kernel's loop without padding checks) and tiles at its edges
-        return [
-            (u8(h, w, c), UNRESIZED)
-            for h, w, c in ((130, 120, 3), (117, 143, 1), (90, 200, 3), (75, 61, 1), (112, 112, 3))
-        ]
-    if name == "plain_and_mma":  # unresized RGB and gray (plain tiles, staged in fp32) and
-        # RGB resized on both axes (MMA tiles), for the stores' widths (kernels_into)
-        return [(u8(h, w, c), SMALL) for h, w, c in ((60, 90, 3), (45, 70, 1), (200, 260, 3))]
-    raise KeyError(name)
-
-
-CASES = (
-    "rgb_distinct",
-    "rgba_chessboard",
-    "rgba_drop_and_white",
-    "gray",
-    "pass_order_flip",
-    "tiny_and_extreme",
-    "mixed_configs",
-    "odd_patch",
-    "tensor_core_scales",
-    "plain_inside",
-)
+    """The images and configs of one named case (KeyError for an unknown name)."""
+    return [
+        (
+            _rgba(rng, s.h, s.w)
+            if s.mixed_alpha
+            else rng.integers(0, 256, (s.h, s.w, s.c), dtype=np.uint8),
+            s.config,
+        )
+        for s in _CASES[name]
+    ]
 
 
 def reference(items: Items, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
