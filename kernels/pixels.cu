@@ -852,8 +852,8 @@ __device__ __forceinline__ void copy_rows(const u8* src, int stride, int rows, i
   const int lg = min(min(most > 1 ? 32 - __clz(most - 1) : 0, 31 - __clz(nt)), 5);
   const int step_rows = nt >> lg, at = 16 * (tid & ((1 << lg) - 1)), lanes = 16 << lg;
   if (tid >= step_rows << lg) return;  // a block of fewer threads than a power of two
-  // the row's first byte as t past the granule of src's (32-bit: a window's rows span far
-  // less than 4 GiB), its granule's first byte then at from + (t & ~15)
+  // the row's first byte as t past the granule of src's (32-bit: the host refuses a tile
+  // whose rows span 4 GiB, _records), its granule's first byte then at from + (t & ~15)
   const u8* from = (const u8*)(((u64)src & ~15ull) + (unsigned)at);
   unsigned t = ((unsigned)(u64)src & 15u) + (unsigned)(tid >> lg) * (unsigned)stride;
   const unsigned dt = (unsigned)step_rows * (unsigned)stride;
