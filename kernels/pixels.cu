@@ -403,6 +403,15 @@ __device__ __forceinline__ unsigned* dynamic_smem() {
 }
 #endif
 
+// to[i] = from[i] for i < n, the block's threads one element each in turn (the descriptor
+// row and the normalise table into shared memory).
+template <typename W>
+__device__ __forceinline__ void block_copy(W* to, const W* from, int n) {
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x, nt = blockDim.x * blockDim.y;
+#pragma unroll 1
+  for (int i = tid; i < n; i += nt) to[i] = from[i];
+}
+
 // A row of one patch of a tile: patch (ky, kx), pixel row py. A thread walks the tile's
 // patch rows (patch-major) from its first, `step` rows at a time, so a block of any height
 // keeps all its threads busy; the step is split once into whole patches and rows, so a move
@@ -1459,16 +1468,9 @@ __device__ __forceinline__ void plain_tile(const u8* __restrict__ src,
                                            const i64* __restrict__ desc,
                                            const T* __restrict__ table, const int (&rec)[NR],
                                            i64* d, T* tb, T* __restrict__ out, int p, u8* sm) {
-  const int tid = threadIdx.y * blockDim.x + threadIdx.x, nt = blockDim.x * blockDim.y;
-  constexpr int TW = (int)(3 * 256 * sizeof(T) / 8);  // the table as 8-byte words
-  const u64* words = (const u64*)(table + rec[R_TABLE]);
-#pragma unroll 1
-  for (int i = tid; i < TW; i += nt) ((u64*)tb)[i] = words[i];
-  if constexpr (CH == 4) {
-    const i64* row = desc + (i64)rec[R_IMAGE] * NF;
-#pragma unroll 1
-    for (int i = tid; i < NF; i += nt) d[i] = row[i];
-  }
+  // the table as 8-byte words
+  block_copy((u64*)tb, (const u64*)(table + rec[R_TABLE]), (int)(3 * 256 * sizeof(T) / 8));
+  if constexpr (CH == 4) block_copy(d, desc + (i64)rec[R_IMAGE] * NF, NF);
   const int row = rec[R_ROW_BYTES], nph = rec[R_TILE_H], npw = rec[R_TILE_W];
   const int gw = rec[R_GRID_W], vh = rec[R_USED_H], vw = rec[R_USED_W];
   const int y0 = rec[R_GY0] * p, x0 = rec[R_GX0] * p;
@@ -1714,18 +1716,12 @@ __global__ void __launch_bounds__(FUSED_THREADS, KIND == PLAIN ? FUSED_PLAIN_MIN
       }
       return;
     }
-    const int tid = threadIdx.y * blockDim.x + threadIdx.x;
-    const int nt = blockDim.x * blockDim.y;
     const int t = first_tile + (int)blockIdx.x;
-    const i64 image = tiles[t];
-#pragma unroll 1
-    for (int i = tid; i < NF; i += nt) d[i] = desc[image * NF + i];
+    block_copy(d, desc + (i64)tiles[t] * NF, NF);
     __syncthreads();
     const int tile = t - (int)d[TILE_START];
     // the table as 8-byte words (each image's starts at a multiple of 768 values)
-    const u64* tw = (const u64*)(table + d[TABLE]);
-#pragma unroll 1
-    for (int i = tid; i < (int)(3 * 256 * sizeof(T) / 8); i += nt) ((u64*)tb)[i] = tw[i];
+    block_copy((u64*)tb, (const u64*)(table + d[TABLE]), (int)(3 * 256 * sizeof(T) / 8));
     fused_tile<CH, T>(src, mid, d, tab, tb, out, tile, p, dynamic_smem());
   }();
   // overlapping (the host launched this one to overlap the call's launch before it): the
