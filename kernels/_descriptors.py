@@ -18,6 +18,7 @@ from mmwire.transport import Background
 __all__ = [
     "FIELDS",
     "KINDS",
+    "MIXED_BITS",
     "MMA_SMEM_BYTES",
     "RECORD_FIELDS",
     "TILE_PIXELS",
@@ -93,20 +94,31 @@ RECORD_FIELDS: tuple[str, ...] = (
 )
 """An MMA or plain tile's record (``enum Record`` in ``pixels.cu``): what its block would
 otherwise work out from the descriptor (and for MMA the spans) before it could stage its
-window or read its pixels, so that starts after one load. A plain tile's has no spans,
-fragments or flags; its ``R_SRC_*`` is its first pixel and ``R_USED_*`` the part of it
-inside the image."""
+window or read its pixels, so that starts after one load. A plain tile's has no spans or
+fragments, and ``R_PLAIN`` its only flag; its ``R_SRC_*`` is its first pixel and
+``R_USED_*`` the part of it inside the image."""
 _R = {name: i for i, name in enumerate(RECORD_FIELDS)}
-_TWO_STEPS, _V_FIRST, _WHOLE, _RAW = 1, 2, 4, 8  # R_FLAGS
+_TWO_STEPS, _V_FIRST, _WHOLE, _RAW, _PLAIN = 1, 2, 4, 8, 16  # R_FLAGS (R_PLAIN: a plain tile)
 _NONE, _HORIZONTAL, _VERTICAL = 0, 1, 2
 _SOLID = {"white": 255, "gray": 128, "black": 0}
 
-Kind = Literal["general", "plain", "mma"]
-KINDS: dict[Kind, int] = {"general": 0, "plain": 1, "mma": 2}
+Kind = Literal["general", "plain", "mma", "mixed"]
+KINDS: dict[Kind, int] = {"general": 0, "plain": 1, "mma": 2, "mixed": 3}
 """The fused kernel's kinds (``enum Kind`` in ``pixels.cu``): the general kernel; ``plain``
 for unresized TILED images (no resize code); ``mma`` for images resized on both axes with an
 even patch (the passes on the int8 tensor cores; RGBA premultiplied on staging and composited
-on the way out)."""
+on the way out); ``mixed``, one launch of a channel count's plain and MMA tiles (their
+records say which: ``R_PLAIN``), where ``layout_of`` is asked to merge them."""
+MIXED_BITS = frozenset({32})
+"""The output types (bits) whose plain and MMA tiles go out in one ``mixed`` launch. fp32's
+plain tiles stage their rows with ``cp.async`` (all loads in flight at once), so they run
+well at the MMA blocks' three a multiprocessor, beside them: the 8-image mixed batch 2.5 µs
+faster in fp32 on the H200. The 16-bit types' plain tiles read the source with dependent
+loads and need the plain launch's eight blocks a multiprocessor: 2 µs slower mixed
+(bench/results/20261201-mixed-launch)."""
+MIXED_TAIL = 0.3
+"""The share of a mixed launch's plain tiles that come after its last MMA tile: they fill the
+multiprocessors the MMA tiles' last wave leaves (0.3 measured best of 0, 0.3, 0.6 and 1)."""
 MMA_TILE_PIXELS = (128, 128)
 """About how many canvas rows and columns one MMA tile covers (as ``TILE_PIXELS``)."""
 MMA_SMEM_BYTES = 71 * 1024
@@ -173,10 +185,12 @@ class Layout:
     tile_image: np.ndarray[Any, np.dtype[np.int32]]
     """The image of each tile of the fused launches (tiles of one image are consecutive)."""
     tile_records: np.ndarray[Any, np.dtype[np.int32]]
-    """``(MMA and plain tiles, len(RECORD_FIELDS))``: the MMA and plain launches' tile
-    records, in tile order (a launch reads its own from its first)."""
+    """``(MMA and plain tiles, len(RECORD_FIELDS))``: the MMA, plain and mixed launches' tile
+    records, in tile order but for a mixed launch's, whose two kinds interleave (a launch
+    reads its own from its first)."""
     tile_groups: tuple[tuple[int, Kind, int, int], ...]
-    """One fused launch per channel count and kind: ``(channels, kind, first tile, tiles)``."""
+    """One fused launch per channel count and kind: ``(channels, kind, first tile, tiles)``
+    (a mixed launch: its plain tiles' first, and both kinds' tiles)."""
     smem_bytes: int
     """Dynamic shared memory of the general kernel's launches: the largest TILED window +
     intermediate (an upper bound; plain launches ask for none)."""
@@ -554,7 +568,7 @@ def _plain_records(
     """An unresized (plain) image's tile records, in tile order, from its descriptor
     ``row``: each tile's first pixel in the source, the part of it inside the image
     (``R_USED_W`` x ``R_USED_H``; none of it where the tile is all padding) and its
-    patches; no spans, fragments or flags."""
+    patches; no spans or fragments, and the flag ``R_PLAIN`` (a mixed launch's kinds)."""
     gy0, gx0, nph, npw = _tiles(row)
     y0, x0 = gy0 * patch, gx0 * patch
     vh = np.clip(job.out_h - y0, 0, nph * patch)
@@ -579,8 +593,43 @@ def _plain_records(
         "R_PATCH": int(row[_F["ROW"]]) + gy0 * grid_w + gx0,
         "R_GRID_W": grid_w,
         "R_TABLE": int(row[_F["TABLE"]]),
+        "R_FLAGS": _PLAIN,
     }
     return _records(values, gy0.size, job)
+
+
+def _mixed(
+    groups: list[tuple[int, Kind, int, int]], records: np.ndarray[Any, np.dtype[np.int32]]
+) -> tuple[list[tuple[int, Kind, int, int]], np.ndarray[Any, np.dtype[np.int32]]]:
+    """``groups`` and ``records`` (in tile order) with each channel count's plain and MMA
+    groups (consecutive in tile order) merged into one ``mixed`` group, whose records
+    interleave the two kinds' (each kind's in its own order): MMA tile ``i`` of ``m`` at
+    ``(i + 1/2) / m * (1 - MIXED_TAIL)``, plain tile ``j`` of ``n`` at ``(j + 1/2) / n``,
+    so the last ``MIXED_TAIL`` of the plain tiles come after every MMA tile."""
+    merged: list[tuple[int, Kind, int, int]] = []
+    parts = []
+    at = i = 0  # the group's first record; the group
+    while i < len(groups):
+        ch, kind, first, count = groups[i]
+        after = groups[i + 1] if i + 1 < len(groups) else None
+        if kind == "plain" and after is not None and after[:2] == (ch, "mma"):
+            mma = after[3]
+            keys = np.concatenate(
+                [
+                    (np.arange(count) + 0.5) / count,
+                    (np.arange(mma) + 0.5) / mma * (1 - MIXED_TAIL),
+                ]
+            )
+            parts.append(records[at : at + count + mma][np.argsort(keys, kind="stable")])
+            merged.append((ch, "mixed", first, count + mma))
+            at, i = at + count + mma, i + 2
+            continue
+        if kind != "general":
+            parts.append(records[at : at + count])
+            at += count
+        merged.append(groups[i])
+        i += 1
+    return merged, np.concatenate(parts) if parts else records
 
 
 def _bg_fields(bg: Background | None) -> tuple[int, int, int, int, int]:
@@ -599,6 +648,7 @@ def layout_of(
     tile_smem: int = TILE_SMEM_BYTES,
     tensor_cores: bool = False,
     mma_smem: int = MMA_SMEM_BYTES,
+    mixed: bool = False,
 ) -> Layout:
     """Descriptor rows and coefficient tables for ``jobs`` (a tuple; cached by value).
 
@@ -613,7 +663,8 @@ def layout_of(
     from pass 1 when they need two passes (as every image of a resize-only launch,
     ``patch=0``). With ``tensor_cores`` (a device of compute capability 8.0 or more), images
     resized on both axes (gray, RGB or RGBA) take the MMA kernel when ``patch`` is even and
-    their tiles fit ``mma_smem`` bytes.
+    their tiles fit ``mma_smem`` bytes; with ``mixed`` a channel count's plain and MMA tiles
+    then share one launch (``_mixed``).
     """
     desc = np.zeros((len(jobs), len(FIELDS)), np.int64)
     chunks: list[np.ndarray[Any, np.dtype[np.int32]]] = []
@@ -782,6 +833,8 @@ def layout_of(
                 for i in recorded
             ]
         )
+    if mixed:
+        groups, records = _mixed(groups, records)
     for a in (desc, tables, grids, tile_image, records):
         a.setflags(write=False)
     return Layout(

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from mmwire.transport import BackendUnavailable
 
-from ._descriptors import KINDS, Kind
+from ._descriptors import KINDS, MIXED_BITS, Kind
 
 __all__ = ["SOURCE", "CupyLauncher", "Launcher"]
 
@@ -27,6 +27,7 @@ _FUSED = {
     for bits, t in ((32, "unsigned int"), (16, "unsigned short"))
     for ch in (1, 3, 4)
     for kind, code in KINDS.items()
+    if kind != "mixed" or bits in MIXED_BITS  # (only those the host launches are compiled)
 }
 
 Dims = tuple[int, int]
@@ -86,7 +87,7 @@ class Launcher(Protocol):
         """Resize (or its last pass), composite, pad, normalise and patchify, per tile, for
         the tiles ``first_tile ..`` of images with ``channels`` channels and ``kind``
         (``Layout.tile_groups``). ``tiles``: each tile's image (``Layout.tile_image``), or
-        for the MMA and plain kinds this launch's tile records (its rows of
+        for the MMA, plain and mixed kinds this launch's tile records (its rows of
         ``Layout.tile_records``).
         ``overlap``: this launch follows another fused launch of the same call, and may
         start while that one finishes (the kernel orders its end after that one's)."""

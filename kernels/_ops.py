@@ -5,8 +5,8 @@ arrays (taken through ``__cuda_array_interface__``, no copy). Many images of dif
 sizes share each launch on torch's current stream: one fused launch per channel count and
 kind (unresized images go to a kernel without the resize code; on devices of compute
 capability 8.0+, images resized on both axes to one whose passes run on the int8 tensor
-cores), plus pass 1 for images too large to tile in shared memory; results are torch
-tensors.
+cores, and in fp32 a channel count's unresized and tensor-core tiles share one launch),
+plus pass 1 for images too large to tile in shared memory; results are torch tensors.
 """
 
 from __future__ import annotations
@@ -23,10 +23,12 @@ from mmwire.materialize._pipeline import _table
 from mmwire.transport import PreprocessSpec
 
 from ._descriptors import (
+    MIXED_BITS,
     MMA_SMEM_BYTES,
     RECORD_FIELDS,
     TILE_SMEM_BYTES,
     ImageJob,
+    Kind,
     Layout,
     layout_of,
 )
@@ -190,6 +192,7 @@ def _plan(
     tile_smem: int,
     tensor_cores: bool,
     mma_smem: int,
+    mixed: bool,
 ) -> _Plan:
     """Checks the images against their specs and lays out the launch (cached by value, so
     a repeated batch shape costs one lookup; refusals raise and are not cached)."""
@@ -222,7 +225,7 @@ def _plan(
                 row=None if rows is None else rows[i],
             )
         )
-    layout = layout_of(tuple(jobs), pillow, p, tile_smem, tensor_cores, mma_smem)
+    layout = layout_of(tuple(jobs), pillow, p, tile_smem, tensor_cores, mma_smem, mixed)
     return _Plan(layout, tuple(jobs), tuple(stats), p)
 
 
@@ -255,6 +258,7 @@ def preprocess_packed(
         TILE_SMEM_BYTES,
         _tensor_cores(src.device, launcher),
         _mma_smem(src.device),
+        _BITS[dtype] in MIXED_BITS,
     )
     layout, jobs, p = plan.layout, plan.jobs, plan.patch
     _check_source(src, layout)
@@ -275,20 +279,16 @@ def preprocess_packed(
     # pass 1 only for two-pass images whose tiles do not keep the intermediate on chip
     run.pass1(*_row_grid(layout.mid_rows, layout.mid_width), src, mid, desc, tab, len(jobs))
     bits = _BITS[dtype]
-    smem = {
-        "general": layout.smem_bytes,
-        "plain": layout.plain_smem_bytes,
-        "mma": layout.mma_smem_bytes,
-    }
-    # per channel count and kind: the MMA launches first, each launch after the first free
-    # to start as the one before it finishes (overlap), so the others' blocks fill the
-    # multiprocessors the MMA launches' last tiles leave. An MMA or plain launch reads its
-    # own tile records from its first (they are in tile order, the general tiles' left out)
+    # per channel count and kind: the MMA (and mixed) launches first, each launch after the
+    # first free to start as the one before it finishes (overlap), so the others' blocks
+    # fill the multiprocessors the MMA launches' last tiles leave. An MMA, plain or mixed
+    # launch reads its own tile records from its first (in the layout's group order, the
+    # general tiles' left out)
     record_at, at = {}, 0
     for _, kind, first, count in layout.tile_groups:
         if kind != "general":
             record_at[first], at = at, at + count
-    groups = sorted(layout.tile_groups, key=lambda g: g[1] != "mma")
+    groups = sorted(layout.tile_groups, key=lambda g: g[1] not in ("mma", "mixed"))
     for i, (channels, kind, first, count) in enumerate(groups):
         per_tile = tiles
         if kind != "general":
@@ -298,8 +298,8 @@ def preprocess_packed(
             channels,
             kind,
             (count, 1),
-            _MMA_BLOCK if kind == "mma" else _fused_block(p),
-            smem[kind] if kind != "plain" or _plain_stages(bits, channels) else 0,
+            _MMA_BLOCK if kind in ("mma", "mixed") else _fused_block(p),
+            _smem(layout, kind, bits, channels),
             src,
             mid,
             desc,
@@ -312,6 +312,18 @@ def preprocess_packed(
             overlap=i > 0,
         )
     return out, grids.clone()  # callers own their grid_thw
+
+
+def _smem(layout: Layout, kind: Kind, bits: int, channels: int) -> int:
+    """A fused launch's dynamic shared memory: a mixed launch's blocks take the larger of its
+    two kinds' (its plain tiles stage as a plain launch's would)."""
+    plain = layout.plain_smem_bytes if _plain_stages(bits, channels) else 0
+    return {
+        "general": layout.smem_bytes,
+        "plain": plain,
+        "mma": layout.mma_smem_bytes,
+        "mixed": max(layout.mma_smem_bytes, plain),
+    }[kind]
 
 
 def _plain_stages(bits: int, channels: int) -> bool:

@@ -17,7 +17,8 @@
 //     images of the launch) and blockIdx.y * blockDim.x + threadIdx.x across it; a block
 //     finds its image by binary search on a running start field.
 //   * fused (compiled per channel count and kind, one launch per pair present) runs one
-//     block per output tile (a few patches) and reads its image from a per-tile table.
+//     block per output tile (a few patches) and reads its image from a per-tile table
+//     (MIXED: one launch of a channel count's PLAIN and MMA tiles, each block either).
 //     PLAIN tiles (unresized) read each pixel run straight from the source, with word
 //     loads, and write each plane's run in one store. MMA tiles (resized on both axes)
 //     run both passes as int8 matrix products on the tensor cores (see "The
@@ -77,8 +78,8 @@ enum Field {
 // _plain_records): what its block would otherwise work out from its image's descriptor
 // (and for MMA its spans) before it could stage its window or read its pixels, so that
 // starts after one load. The order is mirrored in kernels/_descriptors.py. A plain tile's
-// has no spans, fragments or flags; its R_SRC_* is its first pixel and R_USED_* the part
-// of it inside the image.
+// has no spans or fragments, and R_PLAIN its only flag; its R_SRC_* is its first pixel and
+// R_USED_* the part of it inside the image.
 enum Record {
   R_IMAGE = 0,        // the tile's image (its descriptor row)
   R_SRC_LO = 1,       // byte offset in the source of the window's first pixel (low, high word)
@@ -97,7 +98,7 @@ enum Record {
   R_PATCH = 14,       // its first patch's output row
   R_GRID_W = 15,      // patches per canvas row
   R_TABLE = 16,       // element offset of its image's normalise table
-  R_FLAGS = 17,       // R_TWO_STEPS | R_V_FIRST | R_WHOLE
+  R_FLAGS = 17,       // R_TWO_STEPS | R_V_FIRST | R_WHOLE | R_RAW, or R_PLAIN
   R_PAD0 = 18,        // (a record is five 16-byte loads)
   R_PAD1 = 19,
   NR = 20
@@ -108,6 +109,7 @@ enum Record {
 #define R_RAW 8        // gray or RGB passed horizontally first, whose window's rows start on a
                        // word: staged as the source's bytes (mma_tile) when the source itself
                        // starts on a word
+#define R_PLAIN 16     // a plain tile (its only flag), so a MIXED launch tells the kinds apart
 
 typedef long long i64;
 typedef unsigned long long u64;
@@ -680,12 +682,22 @@ struct SourceRows {
 // An unresized tile from its rows (StagedRows or SourceRows; no window, no barrier after
 // the table): a thread takes runs of V pixels of the patch rows it walks, reads each run's
 // bytes with a few word loads and writes each plane's V values in one store. o0 is the
-// tile's first patch; (vh, vw) the part of the tile inside the image.
-template <int CH, int V, typename Rows, typename T>
+// tile's first patch; (vh, vw) the part of the tile inside the image. The block's threads
+// are its (x, y), the plain launch's block being (p / V, 256 / (p / V)); FLAT (a mixed
+// launch's (32, 8) block) lays its threads out that way, by their index.
+template <int CH, int V, bool FLAT, typename Rows, typename T>
 __device__ __forceinline__ void plain_runs(const Rows& rows, const i64* d, const T* tb,
                                            T* __restrict__ o0, int p, int gw, int nph, int npw,
                                            int vh, int vw, int y0, int x0) {
-  const int tx = threadIdx.x, ty = threadIdx.y, bx = blockDim.x, by = blockDim.y;
+  int tx = threadIdx.x, ty = threadIdx.y, bx = blockDim.x, by = blockDim.y;
+  if constexpr (FLAT) {
+    const int tid = ty * bx + tx, nt = bx * by;
+    bx = min((p + V - 1) / V, nt);
+    by = div_small(nt, bx);
+    ty = div_small(tid, bx);
+    tx = tid - ty * bx;
+    if (ty >= by) return;  // (the last phase of the tile: no barrier follows)
+  }
   const int pp = p * p;
   for (PatchRow k(ty, by, p, npw); k.ky < nph; k.next(p, npw)) {
     const int ry = k.ky * p + k.py, cx = k.kx * p;  // the row and first column in the tile
@@ -1454,16 +1466,16 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
   }
 }
 
-// One unresized tile (a PLAIN launch's; the host groups these images) from its record rec
-// (enum Record: its first pixel, the part of it inside the image, its patches): no window,
-// nothing worked out from the descriptor, so the table's loads go out after one load and
-// the pixels' right after the barrier (RGBA also copies its descriptor into d, for the
-// composite). sm: the dynamic shared memory, where fp32 gray and RGB stage the tile's
-// pixels as they are (copy_rows: all in flight at once, one wait) in rows of plain_pitch
-// (the host's _plain_pitch) and write them as 16-byte units where wide_units; RGBA and the
-// 16-bit types read the source, which measured faster for them
+// One unresized tile (a PLAIN or MIXED launch's; FLAT for MIXED's blocks: plain_runs) from
+// its record rec (enum Record: its first pixel, the part of it inside the image, its
+// patches): no window, nothing worked out from the descriptor, so the table's loads go out
+// after one load and the pixels' right after the barrier (RGBA also copies its descriptor
+// into d, for the composite). sm: the dynamic shared memory, where fp32 gray and RGB stage
+// the tile's pixels as they are (copy_rows: all in flight at once, one wait) in rows of
+// plain_pitch (the host's _plain_pitch) and write them as 16-byte units where wide_units;
+// RGBA and the 16-bit types read the source, which measured faster for them
 // (bench/results/20261201-plain-staging).
-template <int CH, typename T>
+template <int CH, bool FLAT, typename T>
 __device__ __forceinline__ void plain_tile(const u8* __restrict__ src,
                                            const i64* __restrict__ desc,
                                            const T* __restrict__ table, const int (&rec)[NR],
@@ -1487,16 +1499,16 @@ __device__ __forceinline__ void plain_tile(const u8* __restrict__ src,
   __syncthreads();  // the block's normalise table (RGBA's d, and the staged pixels) in place
   if constexpr (STAGE) {
     if ((p & 1) != 0) {
-      plain_runs<CH, 1>(staged, d, tb, o0, p, gw, nph, npw, vh, vw, y0, x0);
+      plain_runs<CH, 1, FLAT>(staged, d, tb, o0, p, gw, nph, npw, vh, vw, y0, x0);
     } else if (wide_units(out)) {
       plain_units<CH, 4>(staged, d, tb, o0, p, gw, nph, npw, vh, vw, y0, x0);
     } else {
-      plain_runs<CH, 2>(staged, d, tb, o0, p, gw, nph, npw, vh, vw, y0, x0);
+      plain_runs<CH, 2, FLAT>(staged, d, tb, o0, p, gw, nph, npw, vh, vw, y0, x0);
     }
   } else if ((p & 1) != 0) {
-    plain_runs<CH, 1>(source, d, tb, o0, p, gw, nph, npw, vh, vw, y0, x0);
+    plain_runs<CH, 1, FLAT>(source, d, tb, o0, p, gw, nph, npw, vh, vw, y0, x0);
   } else if constexpr (CH == 4) {
-    plain_runs<CH, 2>(source, d, tb, o0, p, gw, nph, npw, vh, vw, y0, x0);
+    plain_runs<CH, 2, FLAT>(source, d, tb, o0, p, gw, nph, npw, vh, vw, y0, x0);
   } else {
     plain_units<CH, UNIT_BYTES / sizeof(T)>(source, d, tb, o0, p, gw, nph, npw, vh, vw, y0, x0);
   }
@@ -1666,25 +1678,29 @@ __device__ __forceinline__ void wait_for_previous_launch() {
 // enum Record). KIND: GENERAL (any block shape, (p / 2, 256 / (p / 2))
 // on the GPU for an even p, (p, 256 / p) for an odd one), PLAIN (unresized TILED images
 // only: no resize code, no window), MMA (resized on both axes, either pass order, p
-// even: the tensor-core passes; blocks of whole warps, (32, 8) on the GPU). overlapping:
+// even: the tensor-core passes; blocks of whole warps, (32, 8) on the GPU), MIXED (PLAIN and
+// MMA tiles in one launch, as MMA's blocks; a record flagged R_PLAIN is a PLAIN tile, whose
+// threads are then laid out by their index: plain_runs' FLAT). overlapping:
 // 1 where the host launched this launch to overlap the call's launch before it (above).
 // Dynamic shared memory: the largest TILED window plus intermediate of the launch (for
 // PLAIN, the largest tile's pixels where they are staged: fp32 gray and RGB; none for the
-// others). T is the output's bit pattern (32 or 16 bits).
+// others; for MIXED the larger of its two kinds'). T is the output's bit pattern (32 or 16
+// bits).
 // Blocks have at most FUSED_THREADS threads; asking for a number of resident blocks a
 // multiprocessor caps the registers, and the occupancy that buys matters more than the few
 // values the compiler then keeps in local memory (the H200 A/B in bench/results). PLAIN has
 // fewer registers, so more resident blocks hide its loads. MMA tiles of up to 71 KiB fit
-// three blocks a multiprocessor (MMA_SMEM_BYTES), so they take the registers of three.
+// three blocks a multiprocessor (MMA_SMEM_BYTES), so they take the registers of three, and
+// so do MIXED launches.
 #define FUSED_THREADS 256
 #define FUSED_MIN_BLOCKS 5
 #define FUSED_PLAIN_MIN_BLOCKS 8
 #define FUSED_MMA_MIN_BLOCKS 3
-enum Kind { GENERAL = 0, PLAIN = 1, MMA = 2 };
+enum Kind { GENERAL = 0, PLAIN = 1, MMA = 2, MIXED = 3 };
 template <typename T, int CH, int KIND>
 __global__ void __launch_bounds__(FUSED_THREADS, KIND == PLAIN ? FUSED_PLAIN_MIN_BLOCKS
-                                                 : KIND == MMA ? FUSED_MMA_MIN_BLOCKS
-                                                               : FUSED_MIN_BLOCKS)
+                                                 : KIND == GENERAL ? FUSED_MIN_BLOCKS
+                                                                   : FUSED_MMA_MIN_BLOCKS)
     fused(const u8* __restrict__ src, const u8* __restrict__ mid, const i64* __restrict__ desc,
           const int* __restrict__ tab, const T* __restrict__ table,
           const int* __restrict__ tiles, T* __restrict__ out, int p, int first_tile,
@@ -1693,7 +1709,7 @@ __global__ void __launch_bounds__(FUSED_THREADS, KIND == PLAIN ? FUSED_PLAIN_MIN
   __shared__ __align__(8) T tb[3 * 256];
   let_next_launch_start();
   [&] {  // the tile
-    if constexpr (KIND == MMA || KIND == PLAIN) {  // its record (five 16-byte loads)
+    if constexpr (KIND != GENERAL) {  // its record (five 16-byte loads)
       int rec[NR];
       const uint4* at = (const uint4*)tiles + (i64)blockIdx.x * (NR / 4);
 #pragma unroll
@@ -1706,7 +1722,9 @@ __global__ void __launch_bounds__(FUSED_THREADS, KIND == PLAIN ? FUSED_PLAIN_MIN
       }
       u8* sm = (u8*)dynamic_smem();
       if constexpr (KIND == PLAIN) {
-        plain_tile<CH, T>(src, desc, table, rec, d, tb, out, p, sm);
+        plain_tile<CH, false>(src, desc, table, rec, d, tb, out, p, sm);
+      } else if (KIND == MIXED && (rec[R_FLAGS] & R_PLAIN)) {
+        if constexpr (KIND == MIXED) plain_tile<CH, true>(src, desc, table, rec, d, tb, out, p, sm);
       } else if (rec[R_FLAGS] & R_V_FIRST) {  // then straight to staging
         mma_tile<CH, true, false, T>(src, desc, tab, table, rec, d, tb, out, p, sm);
       } else if (CH != 4 && (rec[R_FLAGS] & R_RAW) && ((u64)src & 3) == 0) {
@@ -1749,4 +1767,7 @@ __global__ void __launch_bounds__(FUSED_THREADS, KIND == PLAIN ? FUSED_PLAIN_MIN
   MMWIRE_FUSED(T, 4, 2)
 MMWIRE_FUSED_ALL(unsigned int)
 MMWIRE_FUSED_ALL(unsigned short)
+MMWIRE_FUSED(unsigned int, 1, 3)  // MIXED: fp32's only (the host's MIXED_BITS)
+MMWIRE_FUSED(unsigned int, 3, 3)
+MMWIRE_FUSED(unsigned int, 4, 3)
 #endif

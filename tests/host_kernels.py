@@ -141,7 +141,7 @@ class HostLauncher:
         misaligned = self._lib.host_misaligned_stores()
         fn(
             _dims(grid),
-            _dims(self.mma_block if kind == "mma" else self.block),
+            _dims(self.mma_block if kind in ("mma", "mixed") else self.block),
             _p(src),
             _p(mid),
             _p(desc),

@@ -192,10 +192,11 @@ def test_cuda_launcher_opts_in_when_the_kernels_own_arrays_pass_48_kib(
 def test_cuda_overlapping_launches_end_before_the_streams_next_work(
     rng: np.random.Generator,
 ) -> None:
-    # the plain launch may start while the (long) MMA launch before it finishes; what the
-    # stream runs next must still see every patch: read `out`, filled with NaN first, on
-    # the GPU right after each call (a host copy would be too slow to catch it). The order
-    # a caller relies on; removing the kernel's wait did not break it on the H200's driver
+    # the plain launch may start while the (long) MMA launch before it finishes (16-bit
+    # types; fp32 runs both kinds in one mixed launch); what the stream runs next must
+    # still see every patch: read `out`, filled with NaN first, on the GPU right after each
+    # call (a host copy would be too slow to catch it). The order a caller relies on;
+    # removing the kernel's wait did not break it on the H200's driver
     # (bench/results/20261201-overlap), so this is no check of that line
     from kernel_cases import differing
     from mmwire.kernels import pack, preprocess_packed
@@ -206,13 +207,14 @@ def test_cuda_overlapping_launches_end_before_the_streams_next_work(
     images = [rng.integers(0, 256, s, dtype=np.uint8) for s in shapes]
     specs = [cfg.spec_for(im.shape[1], im.shape[0]) for im in images]
     src, packed = pack([torch.from_numpy(im).cuda() for im in images])
-    want, _ = preprocess_images(images, cfg)
-    out = torch.empty(want.shape, dtype=torch.float32, device="cuda")
-    for _ in range(5):
-        out.fill_(float("nan"))
-        preprocess_packed(src, packed, specs, out=out)
-        assert not bool(torch.isnan(out).any())  # on the stream, right after the launches
-    assert differing(out, want) == 0
+    for dtype in (torch.bfloat16, torch.float32):
+        want, _ = preprocess_images(images, cfg, dtype=dtype)
+        out = torch.empty(want.shape, dtype=dtype, device="cuda")
+        for _ in range(5):
+            out.fill_(float("nan"))
+            preprocess_packed(src, packed, specs, dtype, out=out)
+            assert not bool(torch.isnan(out).any())  # on the stream, right after the launches
+        assert differing(out, want) == 0
 
 
 @pytest.mark.parametrize("resizing", [False, True])

@@ -36,6 +36,7 @@ from mmwire.kernels import (
     preprocess_packed,
     resize_packed,
 )
+from mmwire.kernels._descriptors import MIXED_TAIL
 from mmwire.materialize import bicubic_coefficients, resize_reference
 from PIL import Image
 
@@ -130,7 +131,7 @@ def test_tile_records_say_where_each_mma_and_plain_tile_reads_and_writes() -> No
             assert r["R_ROW_BYTES"] == job.in_w * job.ch
             assert r["R_USED_W"] == min(r["R_TILE_W"] * 14, job.out_w - gx0 * 14)
             assert r["R_USED_H"] == min(r["R_TILE_H"] * 14, job.out_h - gy0 * 14)
-            assert r["R_X_SPANS"] == r["R_Y_WORDS"] == r["R_FLAGS"] == 0
+            assert r["R_X_SPANS"] == r["R_Y_WORDS"] == 0 and r["R_FLAGS"] == 16  # R_PLAIN
             plain_used.append((int(r["R_USED_H"]), int(r["R_USED_W"])))
             continue
         wy, wx = divmod(int(at) // job.ch, job.in_w)
@@ -157,7 +158,7 @@ def test_tile_records_say_where_each_mma_and_plain_tile_reads_and_writes() -> No
             assert (tab[r[f"R_{axis}_WORDS"] :][: frags.size] == frags).all()
         assert (wx, wy) == tuple(origin)
         two = bool(r["R_FLAGS"] & 1)
-        assert two == (max(steps) > 1)
+        assert two == (max(steps) > 1) and not r["R_FLAGS"] & 16
         assert bool(r["R_FLAGS"] & 2) == (d[f("PASS1")] == 2)
         groups = -(-int(r["R_USED_W"]) // 4)  # staged 4 pixels at a time
         aligned = (at + d[f("SRC_OFF")]) % 4 == 0 and job.in_w * job.ch % 4 == 0
@@ -170,6 +171,69 @@ def test_tile_records_say_where_each_mma_and_plain_tile_reads_and_writes() -> No
     for k in range(4):
         assert {s[k] for s in seen} == {False, True}
     assert plain_used == [(28, 56), (30, 50)]
+
+
+def test_a_mixed_layout_interleaves_a_channel_counts_plain_and_mma_records() -> None:
+    # RGB: two unresized images (plain) and two resized on both axes (MMA); gray only MMA
+    jobs = (
+        ImageJob(in_w=56, in_h=28, ch=3, out_w=56, out_h=28, patches=8, grid_w=4),
+        ImageJob(in_w=200, in_h=120, ch=3, out_w=90, out_h=56, patches=28, grid_w=7),
+        ImageJob(in_w=140, in_h=352, ch=1, out_w=56, out_h=140, patches=40, grid_w=4),
+        ImageJob(in_w=50, in_h=30, ch=3, out_w=50, out_h=30, patches=12, grid_w=4),
+        ImageJob(in_w=301, in_h=203, ch=3, out_w=271, out_h=183, patches=280, grid_w=20),
+    )
+    apart = layout_of(jobs, (13, 0), 14, tensor_cores=True)
+    mixed = layout_of(jobs, (13, 0), 14, tensor_cores=True, mixed=True)
+    assert [g[:2] for g in apart.tile_groups] == [(1, "mma"), (3, "plain"), (3, "mma")]
+    (_, _, _, n_gray), (_, _, first, n_plain), (_, _, _, n_mma) = apart.tile_groups
+    assert mixed.tile_groups == ((1, "mma", 0, n_gray), (3, "mixed", first, n_plain + n_mma))
+    flags = mixed.tile_records[:, RECORD_FIELDS.index("R_FLAGS")]
+    assert (mixed.tile_records[:n_gray] == apart.tile_records[:n_gray]).all()
+    merged, plain = mixed.tile_records[n_gray:], (flags[n_gray:] & 16) != 0
+    # each kind's records as apart, in the same order, interleaved: the first plain tile
+    # before the last MMA one, and the last MIXED_TAIL of the plain tiles after it
+    assert (merged[plain] == apart.tile_records[n_gray : n_gray + n_plain]).all()
+    assert (merged[~plain] == apart.tile_records[n_gray + n_plain :]).all()
+    last_mma = np.flatnonzero(~plain)[-1]
+    assert np.flatnonzero(plain)[0] < last_mma
+    assert plain[last_mma + 1 :].sum() == round(n_plain * MIXED_TAIL)
+
+
+def test_host_fp32_mixes_plain_and_mma_tiles_in_one_launch(
+    host_lib: Path, rng: np.random.Generator
+) -> None:
+    # fp32 (MIXED_BITS): a channel count's unresized and tensor-core tiles share one launch
+    # of whole warps (the plain tiles' threads laid out by their index) that asks for the
+    # larger shared memory; the 16-bit types keep a launch each. Gray and RGB both ways
+    launched: list[tuple[int, int, str, int]] = []
+
+    class Recording(HostLauncher):
+        def fused(self, bits: int, channels: int, kind: Any, *rest: Any, **kw: Any) -> None:
+            launched.append((bits, channels, kind, rest[2]))
+            super().fused(bits, channels, kind, *rest, **kw)
+
+    u8 = lambda *s: rng.integers(0, 256, s, dtype=np.uint8)  # noqa: E731
+    shapes = ((60, 90, 3), (45, 70, 1), (200, 260, 3), (230, 170, 1))
+    items = [(u8(h, w, c), SMALL) for h, w, c in shapes]
+    for warps in (1, 8):
+        for dtype in (torch.float32, torch.bfloat16):
+            run = Recording(host_lib)
+            run.mma_block = (32, warps)
+            want_pv, _ = reference(items, dtype)
+            got_pv, _ = kernels(items, dtype, "cpu", run)
+            assert differing(got_pv, want_pv) == 0
+    kinds = {(bits, channels, kind) for bits, channels, kind, _ in launched}
+    assert kinds == {
+        (32, 1, "mixed"),
+        (32, 3, "mixed"),
+        (16, 1, "plain"),
+        (16, 3, "plain"),
+        (16, 1, "mma"),
+        (16, 3, "mma"),
+    }
+    smem = {(bits, ch, kind): asked for bits, ch, kind, asked in launched}
+    for ch in (1, 3):  # (the host build fails a tile that outgrows what its launch asked)
+        assert smem[32, ch, "mixed"] >= smem[16, ch, "mma"] > 0
 
 
 def test_fused_block_limit_matches_the_cuda_define() -> None:
@@ -467,6 +531,7 @@ def test_host_mma_kernel_stages_planes_from_a_source_off_a_word(
         _ops.TILE_SMEM_BYTES,
         True,
         _ops._mma_smem(src.device),
+        False,
     )
     assert (plan.layout.tile_records[:, RECORD_FIELDS.index("R_FLAGS")] & 8).any()
     for source in (src, off):
