@@ -19,6 +19,7 @@ __all__ = [
     "FIELDS",
     "KINDS",
     "MIXED_BITS",
+    "MIXED_PLAIN_TILE",
     "MMA_SMEM_BYTES",
     "RECORD_FIELDS",
     "TILE_PIXELS",
@@ -109,16 +110,22 @@ for unresized TILED images (no resize code); ``mma`` for images resized on both 
 even patch (the passes on the int8 tensor cores; RGBA premultiplied on staging and composited
 on the way out); ``mixed``, one launch of a channel count's plain and MMA tiles (their
 records say which: ``R_PLAIN``), where ``layout_of`` is asked to merge them."""
-MIXED_BITS = frozenset({32})
-"""The output types (bits) whose plain and MMA tiles go out in one ``mixed`` launch. fp32's
-plain tiles stage their rows with ``cp.async`` (all loads in flight at once), so they run
-well at the MMA blocks' three a multiprocessor, beside them: the 8-image mixed batch 2.5 µs
-faster in fp32 on the H200. The 16-bit types' plain tiles read the source with dependent
-loads and need the plain launch's eight blocks a multiprocessor: 2 µs slower mixed
-(bench/results/20261201-mixed-launch)."""
+MIXED_BITS = frozenset({32, 16})
+"""The output types (bits) whose plain and MMA tiles go out in one ``mixed`` launch (all of
+them). A mixed launch's gray and RGB plain tiles stage their rows with ``cp.async`` (all
+loads in flight at once) in every type, so they run well at the MMA blocks' three a
+multiprocessor, beside them: the 8-image mixed batch 2.5 µs faster in fp32 on the H200
+(bench/results/20261201-mixed-launch); the 16-bit types mixed when their plain tiles staged
+too, and with ``MIXED_PLAIN_TILE`` (bench/results/20261201-staged-plain)."""
 MIXED_TAIL = 0.3
 """The share of a mixed launch's plain tiles that come after its last MMA tile: they fill the
-multiprocessors the MMA tiles' last wave leaves (0.3 measured best of 0, 0.3, 0.6 and 1)."""
+multiprocessors the MMA tiles' last wave leaves (0.3 measured best of 0, 0.3, 0.6 and 1; with
+``MIXED_PLAIN_TILE``, 0.15 was 0.7 µs faster in fp32 and 0.4 µs slower in bf16)."""
+MIXED_PLAIN_TILE = (8, 4)
+"""The plain tiles' shape (patches down, across) in a mixed launch (``TILE_PIXELS``' 4 x 4
+in a plain launch): fewer, larger tiles beside the MMA tiles made the 8-image mixed batch
+about 2 µs faster in both types on the H200, and 4 x 8 and 8 x 8 less so; in a plain launch
+8 x 4 was 1 µs slower (bench/results/20261201-staged-plain)."""
 MMA_TILE_PIXELS = (128, 128)
 """About how many canvas rows and columns one MMA tile covers (as ``TILE_PIXELS``)."""
 MMA_SMEM_BYTES = 71 * 1024
@@ -641,6 +648,16 @@ def _bg_fields(bg: Background | None) -> tuple[int, int, int, int, int]:
 
 
 @lru_cache(maxsize=128)
+def _passes(job: ImageJob, pillow: tuple[int, int] | None) -> tuple[int, int]:
+    """An image's two passes (``_NONE`` where one is skipped): with both axes resized, in the
+    installed (or given) Pillow's order; with one, its pass second (it reads the source)."""
+    need_h, need_v = job.out_w != job.in_w, job.out_h != job.in_h
+    if need_h and need_v:
+        h_first = pass_order(job.in_w, job.in_h, job.out_w, job.out_h, pillow) == "h_first"
+        return (_HORIZONTAL, _VERTICAL) if h_first else (_VERTICAL, _HORIZONTAL)
+    return _NONE, (_HORIZONTAL if need_h else _VERTICAL if need_v else _NONE)
+
+
 def layout_of(
     jobs: tuple[ImageJob, ...],
     pillow: tuple[int, int] | None = None,
@@ -664,7 +681,7 @@ def layout_of(
     ``patch=0``). With ``tensor_cores`` (a device of compute capability 8.0 or more), images
     resized on both axes (gray, RGB or RGBA) take the MMA kernel when ``patch`` is even and
     their tiles fit ``mma_smem`` bytes; with ``mixed`` a channel count's plain and MMA tiles
-    then share one launch (``_mixed``).
+    then share one launch (``_mixed``), its plain tiles of ``MIXED_PLAIN_TILE``.
     """
     desc = np.zeros((len(jobs), len(FIELDS)), np.int64)
     chunks: list[np.ndarray[Any, np.dtype[np.int32]]] = []
@@ -700,34 +717,44 @@ def layout_of(
             axis_at[key] = place(frags), place(spans)
         return axis_at[key]
 
+    def tiles(
+        job: ImageJob, src: int, pixels: tuple[int, int] = TILE_PIXELS
+    ) -> tuple[Kind, tuple[int, int, int] | None]:
+        """An image's kind and its tile (patches down, across, and bytes; None: untiled)."""
+        if job.ch not in (1, 3, 4) or min(job.in_w, job.in_h, job.out_w, job.out_h) < 1:
+            raise ValueError(f"cannot plan {job}: sizes must be positive and ch 1, 3 or 4")
+        p1, p2 = _passes(job, pillow)
+        if not (patch and job.patches):
+            return "general", None
+        if tensor_cores and patch % 2 == 0 and p1 != _NONE:
+            v_first = p1 == _VERTICAL
+            measure = _mma_measure(job, patch, v_first, _mma_raw(job, v_first, src))
+            fit = _tile_for(job, patch, mma_smem, measure, MMA_TILE_PIXELS, True)
+            if fit is not None:
+                return "mma", fit
+        fit = _tile_for(job, patch, tile_smem, _general_measure(job, (p1, p2), patch), pixels)
+        return ("plain" if fit is not None and p2 == _NONE else "general"), fit
+
+    starts = np.cumsum([0] + [job.in_w * job.in_h * job.ch for job in jobs]).tolist()
+    planned = [tiles(job, at) for job, at in zip(jobs, starts)]
+    if mixed:  # a channel count's plain tiles beside its MMA tiles take MIXED_PLAIN_TILE
+        beside = {job.ch for job, (kind, _) in zip(jobs, planned) if kind == "mma"}
+        wide = (MIXED_PLAIN_TILE[0] * patch, MIXED_PLAIN_TILE[1] * patch)
+        planned = [
+            tiles(job, at, wide) if kind == "plain" and job.ch in beside else (kind, fit)
+            for job, at, (kind, fit) in zip(jobs, starts, planned)
+        ]
+
     src = mid = mid_rows = mid_width = patches = out = out_rows = out_width = 0
     smem = mma_need = plain_need = 0
     kinds: list[Kind] = []
     axes: dict[int, tuple[tuple[int, int], tuple[int, int]]] = {}  # per MMA image
     src_offsets: list[int] = []
     out_offsets: list[int] = []
-    for image, (row, job) in enumerate(zip(desc, jobs)):
-        if job.ch not in (1, 3, 4) or min(job.in_w, job.in_h, job.out_w, job.out_h) < 1:
-            raise ValueError(f"cannot plan {job}: sizes must be positive and ch 1, 3 or 4")
+    for image, (row, job, (kind, fit)) in enumerate(zip(desc, jobs, planned)):
         need_h, need_v = job.out_w != job.in_w, job.out_h != job.in_h
         grid_h = job.patches // max(job.grid_w, 1)
-        if need_h and need_v:
-            h_first = pass_order(job.in_w, job.in_h, job.out_w, job.out_h, pillow) == "h_first"
-            p1, p2 = (_HORIZONTAL, _VERTICAL) if h_first else (_VERTICAL, _HORIZONTAL)
-        else:
-            p1, p2 = _NONE, (_HORIZONTAL if need_h else _VERTICAL if need_v else _NONE)
-        fit = None
-        kind: Kind = "general"
-        if patch and job.patches:
-            if tensor_cores and patch % 2 == 0 and p1 != _NONE:
-                v_first = p1 == _VERTICAL
-                measure = _mma_measure(job, patch, v_first, _mma_raw(job, v_first, src))
-                fit = _tile_for(job, patch, mma_smem, measure, MMA_TILE_PIXELS, True)
-                kind = "mma" if fit is not None else kind
-            if fit is None:
-                fit = _tile_for(job, patch, tile_smem, _general_measure(job, (p1, p2), patch))
-                if fit is not None and p2 == _NONE:
-                    kind = "plain"
+        p1, p2 = _passes(job, pillow)
         tile_h, tile_w, need = fit if fit is not None else (1, 1, 0)
         if kind == "plain":  # its tile's rows as they are (fused_tile in pixels.cu)
             plain_need = max(plain_need, tile_h * patch * _plain_pitch(tile_w * patch * job.ch))

@@ -316,8 +316,9 @@ def preprocess_packed(
 
 def _smem(layout: Layout, kind: Kind, bits: int, channels: int) -> int:
     """A fused launch's dynamic shared memory: a mixed launch's blocks take the larger of its
-    two kinds' (its plain tiles stage as a plain launch's would)."""
-    plain = layout.plain_smem_bytes if _plain_stages(bits, channels) else 0
+    two kinds' (its gray and RGB plain tiles stage in every type)."""
+    stage = _plain_stages(bits, channels) if kind == "plain" else channels != 4
+    plain = layout.plain_smem_bytes if stage else 0
     return {
         "general": layout.smem_bytes,
         "plain": plain,
@@ -328,8 +329,9 @@ def _smem(layout: Layout, kind: Kind, bits: int, channels: int) -> int:
 
 def _plain_stages(bits: int, channels: int) -> bool:
     """Whether a plain launch stages its tiles' pixels in shared memory (``STAGE`` in
-    ``fused_tile``, ``pixels.cu``: fp32 gray and RGB). The others read the source, so their
-    launches ask for none (the same speed on the H200: bench/results/20261201-plain-smem)."""
+    ``plain_tile``, ``pixels.cu``: fp32 gray and RGB; a mixed launch's gray and RGB plain
+    tiles stage in every type). The others read the source, so their launches ask for none
+    (the same speed on the H200: bench/results/20261201-plain-smem)."""
     return bits == 32 and channels != 4
 
 

@@ -1470,11 +1470,14 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
 // its record rec (enum Record: its first pixel, the part of it inside the image, its
 // patches): no window, nothing worked out from the descriptor, so the table's loads go out
 // after one load and the pixels' right after the barrier (RGBA also copies its descriptor
-// into d, for the composite). sm: the dynamic shared memory, where fp32 gray and RGB stage
-// the tile's pixels as they are (copy_rows: all in flight at once, one wait) in rows of
-// plain_pitch (the host's _plain_pitch) and write them as 16-byte units where wide_units;
-// RGBA and the 16-bit types read the source, which measured faster for them
-// (bench/results/20261201-plain-staging).
+// into d, for the composite). sm: the dynamic shared memory, where gray and RGB stage the
+// tile's pixels as they are (copy_rows: all in flight at once, one wait) in rows of
+// plain_pitch (the host's _plain_pitch) in fp32, and in every type in a mixed launch (FLAT),
+// and write them as units of 8 bytes (16 for fp32 where wide_units); RGBA, and the 16-bit
+// types in a plain launch, read the source, which measured faster for them
+// (bench/results/20261201-plain-staging). Beside MMA blocks, three a multiprocessor, little
+// L1 is left, and staging made the 16-bit types' mixed launch pay
+// (bench/results/20261201-staged-plain).
 template <int CH, bool FLAT, typename T>
 __device__ __forceinline__ void plain_tile(const u8* __restrict__ src,
                                            const i64* __restrict__ desc,
@@ -1489,7 +1492,7 @@ __device__ __forceinline__ void plain_tile(const u8* __restrict__ src,
   const u8* s0 = src + (i64)(((u64)(unsigned)rec[R_SRC_HI] << 32) | (unsigned)rec[R_SRC_LO]);
   T* o0 = out + (i64)rec[R_PATCH] * 3 * p * p;
   const SourceRows source{s0, row};
-  constexpr bool STAGE = sizeof(T) == 4 && CH != 4;
+  constexpr bool STAGE = CH != 4 && (sizeof(T) == 4 || FLAT);
   const StagedRows staged{plain_pitch(npw * p * CH), (unsigned)(u64)s0, (unsigned)row};
   if constexpr (STAGE) {
     MMWIRE_SMEM_CHECK(vh * staged.pitch);
@@ -1500,7 +1503,7 @@ __device__ __forceinline__ void plain_tile(const u8* __restrict__ src,
   if constexpr (STAGE) {
     if ((p & 1) != 0) {
       plain_runs<CH, 1, FLAT>(staged, d, tb, o0, p, gw, nph, npw, vh, vw, y0, x0);
-    } else if (wide_units(out)) {
+    } else if (sizeof(T) == 2 || wide_units(out)) {  // 16-bit: 8-byte units, as unstaged
       plain_units<CH, 4>(staged, d, tb, o0, p, gw, nph, npw, vh, vw, y0, x0);
     } else {
       plain_runs<CH, 2, FLAT>(staged, d, tb, o0, p, gw, nph, npw, vh, vw, y0, x0);
@@ -1764,10 +1767,10 @@ __global__ void __launch_bounds__(FUSED_THREADS, KIND == PLAIN ? FUSED_PLAIN_MIN
   MMWIRE_FUSED(T, 4, 1)     \
   MMWIRE_FUSED(T, 1, 2)     \
   MMWIRE_FUSED(T, 3, 2)     \
-  MMWIRE_FUSED(T, 4, 2)
+  MMWIRE_FUSED(T, 4, 2)     \
+  MMWIRE_FUSED(T, 1, 3)     \
+  MMWIRE_FUSED(T, 3, 3)     \
+  MMWIRE_FUSED(T, 4, 3)
 MMWIRE_FUSED_ALL(unsigned int)
 MMWIRE_FUSED_ALL(unsigned short)
-MMWIRE_FUSED(unsigned int, 1, 3)  // MIXED: fp32's only (the host's MIXED_BITS)
-MMWIRE_FUSED(unsigned int, 3, 3)
-MMWIRE_FUSED(unsigned int, 4, 3)
 #endif

@@ -192,10 +192,10 @@ def test_cuda_launcher_opts_in_when_the_kernels_own_arrays_pass_48_kib(
 def test_cuda_overlapping_launches_end_before_the_streams_next_work(
     rng: np.random.Generator,
 ) -> None:
-    # the plain launch may start while the (long) MMA launch before it finishes (16-bit
-    # types; fp32 runs both kinds in one mixed launch); what the stream runs next must
-    # still see every patch: read `out`, filled with NaN first, on the GPU right after each
-    # call (a host copy would be too slow to catch it). The order a caller relies on;
+    # the gray plain launch may start while the (long) RGB mixed launch before it
+    # finishes; what the stream runs next must still see every patch: read `out`, filled
+    # with NaN first, on the GPU right after each call (a host copy would be too slow to
+    # catch it). The order a caller relies on;
     # removing the kernel's wait did not break it on the H200's driver
     # (bench/results/20261201-overlap), so this is no check of that line
     from kernel_cases import differing
@@ -203,7 +203,7 @@ def test_cuda_overlapping_launches_end_before_the_streams_next_work(
     from mmwire.materialize import ProcessorConfig, preprocess_images
 
     cfg = ProcessorConfig()
-    shapes = ((3000, 4000, 3), (2000, 3000, 3), (480, 640, 3), (512, 512, 3))
+    shapes = ((3000, 4000, 3), (2000, 3000, 3), (480, 640, 3), (512, 512, 1))
     images = [rng.integers(0, 256, s, dtype=np.uint8) for s in shapes]
     specs = [cfg.spec_for(im.shape[1], im.shape[0]) for im in images]
     src, packed = pack([torch.from_numpy(im).cuda() for im in images])

@@ -36,7 +36,7 @@ from mmwire.kernels import (
     preprocess_packed,
     resize_packed,
 )
-from mmwire.kernels._descriptors import MIXED_TAIL
+from mmwire.kernels._descriptors import MIXED_PLAIN_TILE, MIXED_TAIL
 from mmwire.materialize import bicubic_coefficients, resize_reference
 from PIL import Image
 
@@ -174,37 +174,50 @@ def test_tile_records_say_where_each_mma_and_plain_tile_reads_and_writes() -> No
 
 
 def test_a_mixed_layout_interleaves_a_channel_counts_plain_and_mma_records() -> None:
-    # RGB: two unresized images (plain) and two resized on both axes (MMA); gray only MMA
+    # RGB: two unresized images (plain; 110 patches, 11 x 10) and two resized on both axes
+    # (MMA); gray only MMA
     jobs = (
         ImageJob(in_w=56, in_h=28, ch=3, out_w=56, out_h=28, patches=8, grid_w=4),
         ImageJob(in_w=200, in_h=120, ch=3, out_w=90, out_h=56, patches=28, grid_w=7),
         ImageJob(in_w=140, in_h=352, ch=1, out_w=56, out_h=140, patches=40, grid_w=4),
-        ImageJob(in_w=50, in_h=30, ch=3, out_w=50, out_h=30, patches=12, grid_w=4),
+        ImageJob(in_w=150, in_h=130, ch=3, out_w=150, out_h=130, patches=110, grid_w=11),
         ImageJob(in_w=301, in_h=203, ch=3, out_w=271, out_h=183, patches=280, grid_w=20),
     )
     apart = layout_of(jobs, (13, 0), 14, tensor_cores=True)
     mixed = layout_of(jobs, (13, 0), 14, tensor_cores=True, mixed=True)
     assert [g[:2] for g in apart.tile_groups] == [(1, "mma"), (3, "plain"), (3, "mma")]
     (_, _, _, n_gray), (_, _, first, n_plain), (_, _, _, n_mma) = apart.tile_groups
-    assert mixed.tile_groups == ((1, "mma", 0, n_gray), (3, "mixed", first, n_plain + n_mma))
+    # beside MMA tiles the plain tiles are MIXED_PLAIN_TILE, not 4 x 4: 1 + 2 x 3, not 1 + 3 x 3
+    shape = [FIELDS.index("TILE_PH"), FIELDS.index("TILE_PW")]
+    assert MIXED_PLAIN_TILE == (8, 4)
+    assert apart.desc[3, shape].tolist() == [4, 4] and n_plain == 1 + 3 * 3
+    assert mixed.desc[3, shape].tolist() == [8, 4] and mixed.desc[0, shape].tolist() == [8, 4]
+    alone = layout_of(jobs[3:4], (13, 0), 14, tensor_cores=True, mixed=True)  # a plain launch
+    assert alone.desc[0, shape].tolist() == [4, 4] and alone.tile_groups == ((3, "plain", 0, 9),)
+    n_mixed = 1 + 2 * 3
+    assert mixed.tile_groups == ((1, "mma", 0, n_gray), (3, "mixed", first, n_mixed + n_mma))
     flags = mixed.tile_records[:, RECORD_FIELDS.index("R_FLAGS")]
     assert (mixed.tile_records[:n_gray] == apart.tile_records[:n_gray]).all()
     merged, plain = mixed.tile_records[n_gray:], (flags[n_gray:] & 16) != 0
-    # each kind's records as apart, in the same order, interleaved: the first plain tile
-    # before the last MMA one, and the last MIXED_TAIL of the plain tiles after it
-    assert (merged[plain] == apart.tile_records[n_gray : n_gray + n_plain]).all()
+    # the plain tiles cover each patch once, at its place in the output
+    r = {name: merged[plain][:, i] for i, name in enumerate(RECORD_FIELDS)}
+    assert (r["R_TILE_H"] * r["R_TILE_W"]).sum() == 8 + 110
+    assert r["R_PATCH"].tolist() == [0, 76, 80, 84, 164, 168, 172]
+    # the MMA records as apart, in the same order, interleaved with the plain ones in
+    # theirs: the first plain tile before the last MMA one, and the last MIXED_TAIL of the
+    # plain tiles after it
     assert (merged[~plain] == apart.tile_records[n_gray + n_plain :]).all()
     last_mma = np.flatnonzero(~plain)[-1]
     assert np.flatnonzero(plain)[0] < last_mma
-    assert plain[last_mma + 1 :].sum() == round(n_plain * MIXED_TAIL)
+    assert plain[last_mma + 1 :].sum() == round(n_mixed * MIXED_TAIL)
 
 
-def test_host_fp32_mixes_plain_and_mma_tiles_in_one_launch(
+def test_host_mixes_plain_and_mma_tiles_in_one_launch(
     host_lib: Path, rng: np.random.Generator
 ) -> None:
-    # fp32 (MIXED_BITS): a channel count's unresized and tensor-core tiles share one launch
-    # of whole warps (the plain tiles' threads laid out by their index) that asks for the
-    # larger shared memory; the 16-bit types keep a launch each. Gray and RGB both ways
+    # every type (MIXED_BITS): a channel count's unresized and tensor-core tiles share one
+    # launch of whole warps (the plain tiles' threads laid out by their index, their gray
+    # and RGB rows staged) that asks for the larger shared memory. Gray and RGB
     launched: list[tuple[int, int, str, int]] = []
 
     class Recording(HostLauncher):
@@ -223,17 +236,10 @@ def test_host_fp32_mixes_plain_and_mma_tiles_in_one_launch(
             got_pv, _ = kernels(items, dtype, "cpu", run)
             assert differing(got_pv, want_pv) == 0
     kinds = {(bits, channels, kind) for bits, channels, kind, _ in launched}
-    assert kinds == {
-        (32, 1, "mixed"),
-        (32, 3, "mixed"),
-        (16, 1, "plain"),
-        (16, 3, "plain"),
-        (16, 1, "mma"),
-        (16, 3, "mma"),
-    }
+    assert kinds == {(32, 1, "mixed"), (32, 3, "mixed"), (16, 1, "mixed"), (16, 3, "mixed")}
     smem = {(bits, ch, kind): asked for bits, ch, kind, asked in launched}
     for ch in (1, 3):  # (the host build fails a tile that outgrows what its launch asked)
-        assert smem[32, ch, "mixed"] >= smem[16, ch, "mma"] > 0
+        assert smem[32, ch, "mixed"] == smem[16, ch, "mixed"] > 0
 
 
 def test_fused_block_limit_matches_the_cuda_define() -> None:

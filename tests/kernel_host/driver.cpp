@@ -81,11 +81,9 @@ static void fused_any(const unsigned* grid, const unsigned* block, const u8* src
     if (ch == 1 && kind == MMA) launch(fused<T, 1, MMA>);
     if (ch == 3 && kind == MMA) launch(fused<T, 3, MMA>);
     if (ch == 4 && kind == MMA) launch(fused<T, 4, MMA>);
-    if constexpr (sizeof(T) == 4) {  // (mixed launches are fp32's: MIXED_BITS)
-      if (ch == 1 && kind == MIXED) launch(fused<T, 1, MIXED>);
-      if (ch == 3 && kind == MIXED) launch(fused<T, 3, MIXED>);
-      if (ch == 4 && kind == MIXED) launch(fused<T, 4, MIXED>);
-    }
+    if (ch == 1 && kind == MIXED) launch(fused<T, 1, MIXED>);
+    if (ch == 3 && kind == MIXED) launch(fused<T, 3, MIXED>);
+    if (ch == 4 && kind == MIXED) launch(fused<T, 4, MIXED>);
   });
 }
 
