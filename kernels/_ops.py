@@ -5,7 +5,7 @@ arrays (taken through ``__cuda_array_interface__``, no copy). Many images of dif
 sizes share each launch on torch's current stream: one fused launch per channel count and
 kind (unresized images go to a kernel without the resize code; on devices of compute
 capability 8.0+, images resized on both axes to one whose passes run on the int8 tensor
-cores, and in fp32 a channel count's unresized and tensor-core tiles share one launch),
+cores, and a channel count's unresized and tensor-core tiles share one launch),
 plus pass 1 for images too large to tile in shared memory; results are torch tensors.
 """
 
