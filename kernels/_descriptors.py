@@ -647,7 +647,6 @@ def _bg_fields(bg: Background | None) -> tuple[int, int, int, int, int]:
     return 2, 1, 1, _SOLID[bg.pattern], 0
 
 
-@lru_cache(maxsize=128)
 def _passes(job: ImageJob, pillow: tuple[int, int] | None) -> tuple[int, int]:
     """An image's two passes (``_NONE`` where one is skipped): with both axes resized, in the
     installed (or given) Pillow's order; with one, its pass second (it reads the source)."""
@@ -658,6 +657,7 @@ def _passes(job: ImageJob, pillow: tuple[int, int] | None) -> tuple[int, int]:
     return _NONE, (_HORIZONTAL if need_h else _VERTICAL if need_v else _NONE)
 
 
+@lru_cache(maxsize=128)
 def layout_of(
     jobs: tuple[ImageJob, ...],
     pillow: tuple[int, int] | None = None,
