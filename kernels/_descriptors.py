@@ -117,10 +117,11 @@ loads in flight at once) in every type, so they run well at the MMA blocks' thre
 multiprocessor, beside them: the 8-image mixed batch 2.5 µs faster in fp32 on the H200
 (bench/results/20261201-mixed-launch); the 16-bit types mixed when their plain tiles staged
 too, and with ``MIXED_PLAIN_TILE`` (bench/results/20261201-staged-plain)."""
-MIXED_TAIL = 0.3
+MIXED_TAIL = 0.2
 """The share of a mixed launch's plain tiles that come after its last MMA tile: they fill the
 multiprocessors the MMA tiles' last wave leaves (0.3 measured best of 0, 0.3, 0.6 and 1; with
-``MIXED_PLAIN_TILE``, 0.15 was 0.7 µs faster in fp32 and 0.4 µs slower in bf16)."""
+``MIXED_PLAIN_TILE``, 0.2 was 0.9-1.0 µs faster than 0.3 in fp32 and 0.3-0.6 µs in bf16, and
+0.15 0.6 µs faster in fp32 but 0.4 µs slower in bf16: bench/results/20261201-staged-plain)."""
 MIXED_PLAIN_TILE = (8, 4)
 """The plain tiles' shape (patches down, across) in a mixed launch (``TILE_PIXELS``' 4 x 4
 in a plain launch): fewer, larger tiles beside the MMA tiles made the 8-image mixed batch
