@@ -115,8 +115,8 @@ MIXED_BITS = frozenset({32, 16})
 them). A mixed launch's gray and RGB plain tiles stage their rows with ``cp.async`` (all
 loads in flight at once) in every type, so they run well at the MMA blocks' three a
 multiprocessor, beside them: the 8-image mixed batch 2.5 µs faster in fp32 on the H200
-(bench/results/20261201-mixed-launch); the 16-bit types mixed when their plain tiles staged
-too, and with ``MIXED_PLAIN_TILE`` (bench/results/20261201-staged-plain)."""
+(bench/results/20261201-mixed-launch). The 16-bit types gain only with both their plain
+tiles staged and ``MIXED_PLAIN_TILE`` (bench/results/20261201-staged-plain)."""
 MIXED_TAIL = 0.2
 """The share of a mixed launch's plain tiles that come after its last MMA tile: they fill the
 multiprocessors the MMA tiles' last wave leaves (0.3 measured best of 0, 0.3, 0.6 and 1; with
@@ -757,7 +757,7 @@ def layout_of(
         grid_h = job.patches // max(job.grid_w, 1)
         p1, p2 = _passes(job, pillow)
         tile_h, tile_w, need = fit if fit is not None else (1, 1, 0)
-        if kind == "plain":  # its tile's rows as they are (fused_tile in pixels.cu)
+        if kind == "plain":  # its tile's rows as they are (plain_tile in pixels.cu)
             plain_need = max(plain_need, tile_h * patch * _plain_pitch(tile_w * patch * job.ch))
         elif kind == "mma":
             mma_need = max(mma_need, need)

@@ -1476,7 +1476,8 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
 // and write them as units of 8 bytes (16 for fp32 where wide_units); RGBA, and the 16-bit
 // types in a plain launch, read the source, which measured faster for them
 // (bench/results/20261201-plain-staging). Beside MMA blocks, three a multiprocessor, little
-// L1 is left, and staging made the 16-bit types' mixed launch pay
+// L1 is left: there the 16-bit types' tiles read from the source made the mixed launch
+// slower than two launches, and staged (with the host's larger MIXED_PLAIN_TILE) faster
 // (bench/results/20261201-staged-plain).
 template <int CH, bool FLAT, typename T>
 __device__ __forceinline__ void plain_tile(const u8* __restrict__ src,
