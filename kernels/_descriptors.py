@@ -18,7 +18,6 @@ from mmwire.transport import Background
 __all__ = [
     "FIELDS",
     "KINDS",
-    "MIXED_BITS",
     "MIXED_PLAIN_TILE",
     "MMA_SMEM_BYTES",
     "RECORD_FIELDS",
@@ -109,14 +108,12 @@ KINDS: dict[Kind, int] = {"general": 0, "plain": 1, "mma": 2, "mixed": 3}
 for unresized TILED images (no resize code); ``mma`` for images resized on both axes with an
 even patch (the passes on the int8 tensor cores; RGBA premultiplied on staging and composited
 on the way out); ``mixed``, one launch of a channel count's plain and MMA tiles (their
-records say which: ``R_PLAIN``), where ``layout_of`` is asked to merge them."""
-MIXED_BITS = frozenset({32, 16})
-"""The output types (bits) whose plain and MMA tiles go out in one ``mixed`` launch (all of
-them). A mixed launch's gray and RGB plain tiles stage their rows with ``cp.async`` (all
-loads in flight at once) in every type, so they run well at the MMA blocks' three a
-multiprocessor, beside them: the 8-image mixed batch 2.5 µs faster in fp32 on the H200
-(bench/results/20261201-mixed-launch). The 16-bit types gain only with both their plain
-tiles staged and ``MIXED_PLAIN_TILE`` (bench/results/20261201-staged-plain)."""
+records say which: ``R_PLAIN``), where ``layout_of`` is asked to merge them (as
+``preprocess_packed`` always does). A mixed launch's gray and RGB plain tiles stage their rows
+with ``cp.async`` (all loads in flight at once) in every type, so they run well at the MMA
+blocks' three a multiprocessor, beside them: the 8-image mixed batch 2.5 µs faster in fp32 on
+the H200 (bench/results/20261201-mixed-launch). The 16-bit types gain only with both their
+plain tiles staged and ``MIXED_PLAIN_TILE`` (bench/results/20261201-staged-plain)."""
 MIXED_TAIL = 0.2
 """The share of a mixed launch's plain tiles that come after its last MMA tile: they fill the
 multiprocessors the MMA tiles' last wave leaves (0.3 measured best of 0, 0.3, 0.6 and 1; with

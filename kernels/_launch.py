@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from mmwire.transport import BackendUnavailable
 
-from ._descriptors import KINDS, MIXED_BITS, Kind
+from ._descriptors import KINDS, Kind
 
 __all__ = ["SOURCE", "CupyLauncher", "Launcher"]
 
@@ -27,7 +27,6 @@ _FUSED = {
     for bits, t in ((32, "unsigned int"), (16, "unsigned short"))
     for ch in (1, 3, 4)
     for kind, code in KINDS.items()
-    if kind != "mixed" or bits in MIXED_BITS  # (only those the host launches are compiled)
 }
 
 Dims = tuple[int, int]

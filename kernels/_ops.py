@@ -23,7 +23,6 @@ from mmwire.materialize._pipeline import _table
 from mmwire.transport import PreprocessSpec
 
 from ._descriptors import (
-    MIXED_BITS,
     MMA_SMEM_BYTES,
     RECORD_FIELDS,
     TILE_SMEM_BYTES,
@@ -192,7 +191,6 @@ def _plan(
     tile_smem: int,
     tensor_cores: bool,
     mma_smem: int,
-    mixed: bool,
 ) -> _Plan:
     """Checks the images against their specs and lays out the launch (cached by value, so
     a repeated batch shape costs one lookup; refusals raise and are not cached)."""
@@ -225,7 +223,7 @@ def _plan(
                 row=None if rows is None else rows[i],
             )
         )
-    layout = layout_of(tuple(jobs), pillow, p, tile_smem, tensor_cores, mma_smem, mixed)
+    layout = layout_of(tuple(jobs), pillow, p, tile_smem, tensor_cores, mma_smem, mixed=True)
     return _Plan(layout, tuple(jobs), tuple(stats), p)
 
 
@@ -258,7 +256,6 @@ def preprocess_packed(
         TILE_SMEM_BYTES,
         _tensor_cores(src.device, launcher),
         _mma_smem(src.device),
-        _BITS[dtype] in MIXED_BITS,
     )
     layout, jobs, p = plan.layout, plan.jobs, plan.patch
     _check_source(src, layout)

@@ -219,7 +219,7 @@ def test_a_mixed_layout_interleaves_a_channel_counts_plain_and_mma_records() -> 
 def test_host_mixes_plain_and_mma_tiles_in_one_launch(
     host_lib: Path, rng: np.random.Generator
 ) -> None:
-    # every type (MIXED_BITS): a channel count's unresized and tensor-core tiles share one
+    # every type: a channel count's unresized and tensor-core tiles share one
     # launch of whole warps (the plain tiles' threads laid out by their index, their gray
     # and RGB rows staged) that asks for the larger shared memory. Gray and RGB
     launched: list[tuple[int, int, str, int]] = []
@@ -541,7 +541,6 @@ def test_host_mma_kernel_stages_planes_from_a_source_off_a_word(
         _ops.TILE_SMEM_BYTES,
         True,
         _ops._mma_smem(src.device),
-        False,
     )
     assert (plan.layout.tile_records[:, RECORD_FIELDS.index("R_FLAGS")] & 8).any()
     for source in (src, off):
