@@ -75,11 +75,13 @@ _CASES: dict[str, tuple[Shot, ...]] = {
         (5000, 3, 4),
         (4600, 3, 3),
     ),
+    # the gray 150 x 110 under CLIP: an MMA tile's gray with three different tables
     "mixed_configs": (
         Shot(120, 90, 3, CLIP),
         Shot(88, 131, 4, K3_SMALL, True),
         Shot(33, 47, 1, SMALL),
         Shot(200, 61, 3, SMALL),
+        Shot(150, 110, 1, CLIP),
     ),
     # p = 15: no pixel pairs, every store on its own
     "odd_patch": (
