@@ -716,12 +716,10 @@ def layout_of(
         return axis_at[key]
 
     def tiles(
-        job: ImageJob, src: int, pixels: tuple[int, int] = TILE_PIXELS
+        job: ImageJob, src: int, passes: tuple[int, int], pixels: tuple[int, int] = TILE_PIXELS
     ) -> tuple[Kind, tuple[int, int, int] | None]:
         """An image's kind and its tile (patches down, across, and bytes; None: untiled)."""
-        if job.ch not in (1, 3, 4) or min(job.in_w, job.in_h, job.out_w, job.out_h) < 1:
-            raise ValueError(f"cannot plan {job}: sizes must be positive and ch 1, 3 or 4")
-        p1, p2 = _passes(job, pillow)
+        p1, p2 = passes
         if not (patch and job.patches):
             return "general", None
         if tensor_cores and patch % 2 == 0 and p1 != _NONE:
@@ -733,14 +731,18 @@ def layout_of(
         fit = _tile_for(job, patch, tile_smem, _general_measure(job, (p1, p2), patch), pixels)
         return ("plain" if fit is not None and p2 == _NONE else "general"), fit
 
+    for job in jobs:
+        if job.ch not in (1, 3, 4) or min(job.in_w, job.in_h, job.out_w, job.out_h) < 1:
+            raise ValueError(f"cannot plan {job}: sizes must be positive and ch 1, 3 or 4")
+    passes = [_passes(job, pillow) for job in jobs]
     starts = np.cumsum([0] + [job.in_w * job.in_h * job.ch for job in jobs]).tolist()
-    planned = [tiles(job, at) for job, at in zip(jobs, starts)]
+    planned = [tiles(*a) for a in zip(jobs, starts, passes)]
     if mixed:  # a channel count's plain tiles beside its MMA tiles take MIXED_PLAIN_TILE
         beside = {job.ch for job, (kind, _) in zip(jobs, planned) if kind == "mma"}
         wide = (MIXED_PLAIN_TILE[0] * patch, MIXED_PLAIN_TILE[1] * patch)
         planned = [
-            tiles(job, at, wide) if kind == "plain" and job.ch in beside else (kind, fit)
-            for job, at, (kind, fit) in zip(jobs, starts, planned)
+            tiles(job, at, ps, wide) if kind == "plain" and job.ch in beside else (kind, fit)
+            for job, at, ps, (kind, fit) in zip(jobs, starts, passes, planned)
         ]
 
     src = mid = mid_rows = mid_width = patches = out = out_rows = out_width = 0
@@ -749,10 +751,9 @@ def layout_of(
     axes: dict[int, tuple[tuple[int, int], tuple[int, int]]] = {}  # per MMA image
     src_offsets: list[int] = []
     out_offsets: list[int] = []
-    for image, (row, job, (kind, fit)) in enumerate(zip(desc, jobs, planned)):
+    for image, (row, job, (p1, p2), (kind, fit)) in enumerate(zip(desc, jobs, passes, planned)):
         need_h, need_v = job.out_w != job.in_w, job.out_h != job.in_h
         grid_h = job.patches // max(job.grid_w, 1)
-        p1, p2 = _passes(job, pillow)
         tile_h, tile_w, need = fit if fit is not None else (1, 1, 0)
         if kind == "plain":  # its tile's rows as they are (plain_tile in pixels.cu)
             plain_need = max(plain_need, tile_h * patch * _plain_pitch(tile_w * patch * job.ch))
