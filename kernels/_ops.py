@@ -314,8 +314,7 @@ def preprocess_packed(
 def _smem(layout: Layout, kind: Kind, bits: int, channels: int) -> int:
     """A fused launch's dynamic shared memory: a mixed launch's blocks take the larger of its
     two kinds' (its gray and RGB plain tiles stage in every type)."""
-    stage = _plain_stages(bits, channels) if kind == "plain" else channels != 4
-    plain = layout.plain_smem_bytes if stage else 0
+    plain = layout.plain_smem_bytes if _plain_stages(bits, channels, kind) else 0
     return {
         "general": layout.smem_bytes,
         "plain": plain,
@@ -324,12 +323,12 @@ def _smem(layout: Layout, kind: Kind, bits: int, channels: int) -> int:
     }[kind]
 
 
-def _plain_stages(bits: int, channels: int) -> bool:
-    """Whether a plain launch stages its tiles' pixels in shared memory (``STAGE`` in
-    ``plain_tile``, ``pixels.cu``: fp32 gray and RGB; a mixed launch's gray and RGB plain
-    tiles stage in every type). The others read the source, so their launches ask for none
-    (the same speed on the H200: bench/results/20261201-plain-smem)."""
-    return bits == 32 and channels != 4
+def _plain_stages(bits: int, channels: int, kind: Kind) -> bool:
+    """Whether a launch's plain tiles stage their pixels in shared memory (``STAGE`` in
+    ``plain_tile``, ``pixels.cu``: gray and RGB, in fp32 in a plain launch and in every type
+    in a mixed one). The others read the source, so their launches ask for none (the same
+    speed on the H200: bench/results/20261201-plain-smem)."""
+    return channels != 4 and (bits == 32 or kind == "mixed")
 
 
 def _fused_block(p: int) -> tuple[int, int]:
