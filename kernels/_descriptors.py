@@ -99,6 +99,7 @@ fragments, and ``R_PLAIN`` its only flag; its ``R_SRC_*`` is its first pixel and
 ``R_USED_*`` the part of it inside the image."""
 _R = {name: i for i, name in enumerate(RECORD_FIELDS)}
 _TWO_STEPS, _V_FIRST, _WHOLE, _RAW, _PLAIN = 1, 2, 4, 8, 16  # R_FLAGS (R_PLAIN: a plain tile)
+_X_NARROW, _Y_NARROW = 32, 64
 _NONE, _HORIZONTAL, _VERTICAL = 0, 1, 2
 _SOLID = {"white": 255, "gray": 128, "black": 0}
 
@@ -136,6 +137,12 @@ _MMA_STEPS = 2
 (downscales to about 0.35 of a side); an image needing more takes the general kernel."""
 _MMA_MAX_BLOCKS = 16
 """``MMA_MAX_BLOCKS``: the most 16-output blocks along one side of an MMA tile."""
+MMA_NARROW = True
+"""Whether an MMA axis whose 16-output blocks take two 32-input steps takes blocks of 8
+outputs instead where each of those fits one step (``NarrowWeights`` in ``pixels.cu``: the
+pixels become the A operand, so a product covers 8 outputs of 16 lines): half the products
+and a quarter of the weight registers, for downscales of about 1.5 to 2.6 (the 8-image mixed
+batch's 4000 x 3000 photo)."""
 
 TILE_PIXELS = (64, 64)
 """About how many canvas rows and columns one block of the fused launch covers: a whole
@@ -329,26 +336,43 @@ def _mma_pitch(n: int) -> int:
     return ((n + 15) & ~31) + 16
 
 
-def _block_spans(c: Any, size: int, o0: Any, tile: int) -> tuple[Any, Any, Any]:
-    """For tiles of ``tile`` outputs whose M-blocks of 16 outputs start at ``o0`` (tiles,
-    blocks), clipped to the tile and the axis (a block's outputs past them get no weights,
+def _block_spans(c: Any, size: int, o0: Any, tile: int, block: int = 16) -> tuple[Any, Any, Any]:
+    """For tiles of ``tile`` outputs whose M-blocks of ``block`` outputs start at ``o0``
+    (tiles, blocks), clipped to the tile and the axis (a block's outputs past them get no weights,
     so their taps are not the tile's): each block's first tap aligned down to 4 and its
     32-input steps (the spans ``mma_pass`` in ``pixels.cu`` reads), and per tile the inputs
     its blocks use from its first block's tap."""
     end = o0[:, :1] + tile - 1  # each tile's last output (its first block starts it)
-    first, last = np.minimum(o0, size - 1), np.minimum(np.minimum(o0 + 15, end), size - 1)
+    first = np.minimum(o0, size - 1)
+    last = np.minimum(np.minimum(o0 + block - 1, end), size - 1)
     at = c.xmin[first] & ~3
     steps = (c.xmin[last] + c.n[last] - at + 31) >> 5
     used = c.xmin[last[:, -1]] + c.n[last[:, -1]] - at[:, 0]
     return at, steps, used
 
 
-def _mma_reach(c: Any, size: int, starts: Any, tile: int) -> tuple[int, int]:
+def _mma_reach(c: Any, size: int, starts: Any, tile: int, block: int = 16) -> tuple[int, int]:
     """For tiles of ``tile`` outputs starting at ``starts``: the most inputs their M-blocks
-    use and the most 32-input steps of one block (``_block_spans``)."""
-    o0 = np.asarray(starts)[:, None] + 16 * np.arange(-(-tile // 16))[None, :]
-    _, steps, used = _block_spans(c, size, o0, tile)
+    of ``block`` outputs use and the most 32-input steps of one block (``_block_spans``)."""
+    o0 = np.asarray(starts)[:, None] + block * np.arange(-(-tile // block))[None, :]
+    _, steps, used = _block_spans(c, size, o0, tile, block)
     return int(used.max()), int(steps.max())
+
+
+@lru_cache(maxsize=256)
+def _narrow_fits(in_size: int, out_size: int, tile: int, tiles: int) -> bool:
+    """Whether an MMA axis cut into ``tiles`` tiles of ``tile`` outputs has 16-output blocks
+    of two 32-input steps and 8-output blocks of one step each (``MMA_NARROW``)."""
+    c = bicubic_coefficients(in_size, out_size)
+    starts = np.arange(tiles) * tile
+    return _mma_reach(c, out_size, starts, tile)[1] > 1 and (
+        _mma_reach(c, out_size, starts, tile, 8)[1] == 1
+    )
+
+
+def _narrow(in_size: int, out_size: int, tile: int, tiles: int) -> bool:
+    """Whether an MMA axis takes narrow blocks (``MMA_NARROW`` and ``_narrow_fits``)."""
+    return MMA_NARROW and _narrow_fits(in_size, out_size, tile, tiles)
 
 
 def _mma_raw(job: ImageJob, v_first: bool, src_offset: int) -> bool:
@@ -371,12 +395,18 @@ def _mma_measure(job: ImageJob, patch: int, v_first: bool, raw: bool = False) ->
             return None
         ur, sy = _mma_reach(cy, job.out_h, np.arange(0, grid_h, tile[0]) * patch, th)
         uc, sx = _mma_reach(cx, job.out_w, np.arange(0, job.grid_w, tile[1]) * patch, tw)
+        nx = _narrow(job.in_w, job.out_w, tw, -(-job.grid_w // tile[1]))
+        ny = _narrow(job.in_h, job.out_h, th, -(-grid_h // tile[0]))
+        sx, sy = (1 if nx else sx), (1 if ny else sy)  # narrow blocks take one step
         ks = max(sx, sy)
         if ks > _MMA_STEPS:
             return None
-        # the first pass's lines (window rows, or columns when vertical first), its inputs
-        # a line and outputs; the second pass's lines are the first's outputs in the tile
-        lines = -(-(uc if v_first else ur) // 8) * 8
+        # the first pass's lines (window rows, or columns when vertical first; a multiple of
+        # its N-blocks': 16 narrow, 8 wide), its inputs a line and outputs; the second
+        # pass's lines are the first's outputs in the tile
+        n1, n2 = (ny, nx) if v_first else (nx, ny)
+        align = 16 if n1 else 8
+        lines = -(-(uc if v_first else ur) // align) * align
         inputs, m1 = (ur, my) if v_first else (uc, mx)
         # a plane of the window (later the second pass's bytes) and of the intermediate,
         # and the slack after each (mma_tile in pixels.cu)
@@ -388,10 +418,11 @@ def _mma_measure(job: ImageJob, patch: int, v_first: bool, raw: bool = False) ->
             raw_need = max(window, job.ch * out) + job.ch * (mid + 32 * ks) + 16 + 32 * ks
             need = max(need, raw_need)
         first, second = (sy, sx) if v_first else (sx, sy)
-        products = (
-            m1 * (lines // 8) * first
-            + (mx if v_first else my) * -(-(th if v_first else tw) // 8) * second
-        )  # per channel
+        out1, out2 = (th, tw) if v_first else (tw, th)
+        # per channel, in products of 128 outputs (3 IMMAs each a step)
+        products = (-(-out1 // 8) * (lines // 16) if n1 else m1 * (lines // 8) * first) + (
+            -(-out2 // 8) * -(-out1 // 16) if n2 else -(-out2 // 16) * -(-out1 // 8) * second
+        )
         return need, 128 * products / (th * tw)
 
     return measure
@@ -419,10 +450,10 @@ def _weight_words(in_size: int, out_size: int) -> np.ndarray[Any, np.dtype[np.in
 
 @lru_cache(maxsize=256)
 def _mma_axis(
-    in_size: int, out_size: int, tile: int, tiles: int
+    in_size: int, out_size: int, tile: int, tiles: int, narrow: bool = False
 ) -> tuple[np.ndarray[Any, np.dtype[np.int32]], np.ndarray[Any, np.dtype[np.int32]]]:
     """One axis of an MMA image, cut into ``tiles`` tiles of ``tile`` outputs: what each
-    tile's M-blocks of 16 outputs need, so a tile reads it instead of working it out
+    tile's M-blocks of 16 outputs (``narrow``: 8) need, so a tile reads it instead of working it out
     (cached, as the coefficients). The last tile may be cut short by the canvas; its blocks
     are the same. Outputs past the axis, and those of a tile's last block past the tile
     (the next tile's), have no weights: they come out 0 and are never written, and the
@@ -435,29 +466,38 @@ def _mma_axis(
     ``(3, _MMA_STEPS, 32, 4)``, lane ``(g, t)``'s A words for byte plane ``q`` and step
     ``s`` in the PTX order of mma m16n8k32: word ``r`` holds output ``o0 + g + 8 (r & 1)``,
     inputs ``at + 32 s + 16 (r >> 1) + 4 t + 0..3`` (0 outside the taps, past the tile and
-    past the axis), one 16-byte load a plane and step.
+    past the axis), one 16-byte load a plane and step. Narrow: per block ``(3, 32, 2)``,
+    lane ``(g, t)``'s B words for byte plane ``q``: word ``r`` holds output ``o0 + g``, inputs
+    ``at + 16 r + 4 t + 0..3`` (every narrow block takes one step), one 8-byte load a plane.
     """
     c = bicubic_coefficients(in_size, out_size)
     words = _weight_words(in_size, out_size)  # (outputs, 3, m)
     m = words.shape[2]
-    mb = -(-tile // 16)
+    block = 8 if narrow else 16
+    mb = -(-tile // block)
     # (tiles, mb): each block's first output (int32, as everything below: a third less time)
-    o0 = np.arange(tiles, dtype=np.int32)[:, None] * tile + 16 * np.arange(mb, dtype=np.int32)
-    at, steps, used = _block_spans(c, out_size, o0, tile)  # (a short last tile's: the axis)
+    o0 = np.arange(tiles, dtype=np.int32)[:, None] * tile + block * np.arange(mb, dtype=np.int32)
+    at, steps, used = _block_spans(c, out_size, o0, tile, block)  # (a short last tile's: the axis)
     spans = np.concatenate([used[:, None], np.stack([at, steps], axis=2).reshape(tiles, -1)], 1)
     lane = np.arange(32, dtype=np.int32)
-    r = np.arange(4, dtype=np.int32)
-    # (tiles, mb, plane, step, lane, r): the output and the word of it each fragment word
-    # holds, as an index into the flat words
-    o = o0[:, :, None, None, None, None] + (lane >> 2)[:, None] + 8 * (r & 1)
-    live = (o < out_size) & (o < o0[:, :1, None, None, None, None] + tile)
+    i32 = np.int32
+    if narrow:  # (tiles, mb, plane, lane, r)
+        r = np.arange(2, dtype=i32)
+        o = o0[:, :, None, None, None] + (lane >> 2)[:, None] + 0 * r
+        first = at[:, :, None, None, None] + 16 * r + 4 * (lane & 3)[:, None]
+    else:  # (tiles, mb, plane, step, lane, r)
+        r = np.arange(4, dtype=i32)
+        o = o0[:, :, None, None, None, None] + (lane >> 2)[:, None] + 8 * (r & 1)
+        step = 32 * np.arange(_MMA_STEPS, dtype=i32)[:, None, None]
+        first = at[:, :, None, None, None, None] + step + 16 * (r >> 1) + 4 * (lane & 3)[:, None]
+    # the output and the word of it each fragment word holds, as an index into the flat words
+    tile0 = o0[(slice(None), slice(0, 1)) + (None,) * (o.ndim - 2)]  # each tile's first output
+    live = (o < out_size) & (o < tile0 + tile)
     o = np.minimum(o, out_size - 1)
-    first = (
-        at[:, :, None, None, None, None] + 32 * np.arange(_MMA_STEPS, dtype=np.int32)[:, None, None]
-    )
-    w = (first + 16 * (r >> 1) + 4 * (lane & 3)[:, None] - (c.xmin[o] & ~3)) >> 2
+    w = (first - (c.xmin[o] & ~3)) >> 2
     ok = live & (w >= 0) & (w < m)
-    at_word = (o * 3 + np.arange(3, dtype=np.int32)[:, None, None, None]) * m + np.clip(w, 0, m - 1)
+    plane = np.arange(3, dtype=i32).reshape((3,) + (1,) * (o.ndim - 3))
+    at_word = (o * 3 + plane) * m + np.clip(w, 0, m - 1)
     frags = np.where(ok, words.reshape(-1)[at_word], 0)
     out = (spans.astype(np.int32), frags.astype(np.int32))
     for a in out:
@@ -480,7 +520,8 @@ def _mma_records(
     ``row`` and where its axes' fragments and spans are in the tables (``axes``: x then y,
     each ``(fragments, spans)``): where each tile's window starts in the source and what of
     it the taps use, its spans and fragments, its patches and its flags (``_TWO_STEPS``: a
-    used M-block takes two 32-input steps; ``_V_FIRST``; ``_WHOLE``: the window's rows
+    used wide M-block takes two 32-input steps; ``_X_NARROW``, ``_Y_NARROW``: the axis takes
+    narrow blocks (``_narrow``); ``_V_FIRST``; ``_WHOLE``: the window's rows
     start on a word and its groups of four pixels lie inside the image, so staging takes
     plain word loads; ``_RAW``: ``_mma_raw``)."""
 
@@ -491,8 +532,10 @@ def _mma_records(
         f(n) for n in ("TILE_PH", "TILE_PW", "TILES_W", "GRID_H", "GRID_W")
     )
     tiles_h = -(-grid_h // tph)
-    xs, _ = _mma_axis(job.in_w, job.out_w, tpw * patch, tiles_w)
-    ys, _ = _mma_axis(job.in_h, job.out_h, tph * patch, tiles_h)
+    nx = _narrow(job.in_w, job.out_w, tpw * patch, tiles_w)
+    ny = _narrow(job.in_h, job.out_h, tph * patch, tiles_h)
+    xs, xf = _mma_axis(job.in_w, job.out_w, tpw * patch, tiles_w, nx)
+    ys, yf = _mma_axis(job.in_h, job.out_h, tph * patch, tiles_h, ny)
     gy0, gx0, nph, npw = _tiles(row)
     trow, tcol = gy0 // tph, gx0 // tpw
 
@@ -512,6 +555,8 @@ def _mma_records(
         + v_first * _V_FIRST
         + whole * _WHOLE
         + _mma_raw(job, v_first, f("SRC_OFF")) * _RAW
+        + nx * _X_NARROW
+        + ny * _Y_NARROW
     )
     values = {
         "R_IMAGE": image,
@@ -522,8 +567,8 @@ def _mma_records(
         "R_USED_H": ur,
         "R_X_SPANS": axes[0][1] + tcol * xs.shape[1] + 1,  # the first block's span
         "R_Y_SPANS": axes[1][1] + trow * ys.shape[1] + 1,
-        "R_X_WORDS": axes[0][0] + tcol * (xs.shape[1] // 2) * _FRAGMENT_WORDS,
-        "R_Y_WORDS": axes[1][0] + trow * (ys.shape[1] // 2) * _FRAGMENT_WORDS,
+        "R_X_WORDS": axes[0][0] + tcol * (xf.size // tiles_w),  # the first block's
+        "R_Y_WORDS": axes[1][0] + trow * (yf.size // tiles_h),
         "R_TILE_H": nph,
         "R_TILE_W": npw,
         "R_GY0": gy0,
@@ -684,7 +729,7 @@ def layout_of(
     desc = np.zeros((len(jobs), len(FIELDS)), np.int64)
     chunks: list[np.ndarray[Any, np.dtype[np.int32]]] = []
     table_at: dict[tuple[int, int], tuple[int, int, int, int]] = {}
-    axis_at: dict[tuple[int, int, int, int], tuple[int, int]] = {}
+    axis_at: dict[tuple[int, int, int, int, bool], tuple[int, int]] = {}
     used = 0
     tiles_of: list[int] = []
 
@@ -708,7 +753,7 @@ def layout_of(
     def mma_axis(in_size: int, out_size: int, tile: int, tiles: int) -> tuple[int, int]:
         """Where one MMA axis's fragments and spans are (``_mma_axis``): the fragments at a
         multiple of 4 elements, so each lane's are 16-byte loads."""
-        key = (in_size, out_size, tile, tiles)
+        key = (in_size, out_size, tile, tiles, _narrow(in_size, out_size, tile, tiles))
         if key not in axis_at:
             spans, frags = _mma_axis(*key)
             place(np.zeros(-used % 4, np.int32))

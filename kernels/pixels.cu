@@ -98,18 +98,20 @@ enum Record {
   R_PATCH = 14,       // its first patch's output row
   R_GRID_W = 15,      // patches per canvas row
   R_TABLE = 16,       // element offset of its image's normalise table
-  R_FLAGS = 17,       // R_TWO_STEPS | R_V_FIRST | R_WHOLE | R_RAW, or R_PLAIN
+  R_FLAGS = 17,       // R_TWO_STEPS | R_V_FIRST | R_WHOLE | R_RAW | R_*_NARROW, or R_PLAIN
   R_PAD0 = 18,        // (a record is five 16-byte loads)
   R_PAD1 = 19,
   NR = 20
 };
-#define R_TWO_STEPS 1  // some used M-block takes MMA_KS 32-input steps
+#define R_TWO_STEPS 1  // some used wide M-block takes MMA_KS 32-input steps
 #define R_V_FIRST 2    // Pillow resizes this image vertically first
 #define R_WHOLE 4      // the window's rows start on a word and its groups lie in the image
 #define R_RAW 8        // gray or RGB passed horizontally first, whose window's rows start on a
                        // word: staged as the source's bytes (mma_tile) when the source itself
                        // starts on a word
 #define R_PLAIN 16     // a plain tile (its only flag), so a MIXED launch tells the kinds apart
+#define R_X_NARROW 32  // the horizontal pass takes narrow blocks (NarrowWeights): 8 outputs
+#define R_Y_NARROW 64  // a block in one 32-input step (the vertical pass: R_Y_NARROW)
 
 typedef long long i64;
 typedef unsigned long long u64;
@@ -766,26 +768,32 @@ __device__ __forceinline__ void plain_units(const Rows& rows, const i64* d, cons
 #define MMA_STAGE_GROUPS 4  // groups of 4 pixels a thread loads at once when staging rows
 
 #ifndef MMWIRE_HOST_SHIM
-// d = A (16 x 32, row) * B (32 x 8, col) + (FIRST ? init : d); A signed or unsigned
-// bytes, B unsigned bytes. FIRST adds init instead of d, so nothing has to set d first.
-template <bool A_SIGNED, bool FIRST>
+// d = A (16 x 32, row) * B (32 x 8, col) + (FIRST ? init : d); A and B signed or unsigned
+// bytes (never both signed). FIRST adds init instead of d, so nothing has to set d first.
+template <bool A_SIGNED, bool FIRST, bool B_SIGNED = false>
 __device__ __forceinline__ void mma_k32(int (&d)[4], const unsigned (&a)[4], unsigned b0,
                                         unsigned b1, int init = 0) {
 #if __CUDA_ARCH__ >= 800
-#define MMWIRE_MMA(TYPES, C)                                                                 \
-  asm("mma.sync.aligned.m16n8k32.row.col.s32." TYPES ".u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, " \
-      "{%8,%9}, " C ";"                                                                      \
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])                                       \
+#define MMWIRE_MMA(TYPES, C)                                                             \
+  asm("mma.sync.aligned.m16n8k32.row.col.s32." TYPES ".s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, " \
+      "{%8,%9}, " C ";"                                                                  \
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])                                   \
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(init))
-  if constexpr (A_SIGNED && FIRST) {
-    MMWIRE_MMA("s8", "{%10,%10,%10,%10}");
-  } else if constexpr (A_SIGNED) {
-    MMWIRE_MMA("s8", "{%0,%1,%2,%3}");
-  } else if constexpr (FIRST) {
-    MMWIRE_MMA("u8", "{%10,%10,%10,%10}");
-  } else {
-    MMWIRE_MMA("u8", "{%0,%1,%2,%3}");
+#define MMWIRE_MMA_INIT(TYPES)                 \
+  if constexpr (FIRST) {                       \
+    MMWIRE_MMA(TYPES, "{%10,%10,%10,%10}");    \
+  } else {                                     \
+    MMWIRE_MMA(TYPES, "{%0,%1,%2,%3}");        \
   }
+  static_assert(!(A_SIGNED && B_SIGNED), "one signed operand at most");
+  if constexpr (A_SIGNED) {
+    MMWIRE_MMA_INIT("s8.u8");
+  } else if constexpr (B_SIGNED) {
+    MMWIRE_MMA_INIT("u8.s8");
+  } else {
+    MMWIRE_MMA_INIT("u8.u8");
+  }
+#undef MMWIRE_MMA_INIT
 #undef MMWIRE_MMA
 #else
   __trap();  // the host plans MMA tiles only for devices of compute capability 8.0 or more
@@ -828,6 +836,11 @@ __device__ __forceinline__ uint4 load_before_barrier(const uint4* p) {
   asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint2 load_before_barrier(const uint2* p) {
+  uint2 v;
+  asm volatile("ld.global.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
   return v;
 }
 __device__ __forceinline__ int load_before_barrier(const int* p) {
@@ -967,6 +980,47 @@ __device__ __forceinline__ void products(const unsigned (&a)[3][KS][4], const u8
   }
 }
 
+// A block's weights as a warp_tasks' run holds them. Wide (16-output M-blocks, the weights
+// the A operand): load_weights' fragments over KS 32-input steps. Narrow (8-output blocks
+// over one 32-input step, the weights the B operand, the pixels A; R_X_NARROW and
+// R_Y_NARROW): lane (g, t)'s word r of byte plane q holds output o0 + g, inputs span.at +
+// 16 r + 4 t + 0..3, one byte of each weight (the host's _mma_axis with narrow,
+// MMA_NARROW_WORDS a block, one 8-byte load a plane and lane, coalesced): 6 registers where
+// a wide block of two steps takes 24.
+#define MMA_NARROW_WORDS (3 * 32 * 2)
+template <int STEPS>
+struct WideWeights {
+  static constexpr bool NARROW = false;
+  static constexpr int KS = STEPS, WORDS = MMA_FRAGMENT_WORDS, OUTPUTS = 16, LINES = 8;
+  unsigned a[3][KS][4];
+  __device__ __forceinline__ void load(const int* __restrict__ frags, int lane) {
+    load_weights<KS>(frags, lane, a);
+  }
+};
+struct NarrowWeights {
+  static constexpr bool NARROW = true;
+  static constexpr int KS = 1, WORDS = MMA_NARROW_WORDS, OUTPUTS = 8, LINES = 16;
+  unsigned b[3][2];
+  __device__ __forceinline__ void load(const int* __restrict__ frags, int lane) {
+#pragma unroll
+    for (int q = 0; q < 3; ++q) {
+      const uint2 w = load_before_barrier((const uint2*)frags + q * 32 + lane);
+      b[q][0] = w.x;
+      b[q][1] = w.y;
+    }
+  }
+};
+
+// acc = the three byte planes' products of a narrow block's weights b with the pixels a
+// (A: lines g and g + 8, inputs 4 t.. and 16 + 4 t..), the high plane's (B signed) from
+// the rounding (MMA_BIAS_HIGH).
+__device__ __forceinline__ void narrow_products(const unsigned (&b)[3][2], const unsigned (&a)[4],
+                                                int (&acc)[3][4]) {
+  mma_k32<false, true>(acc[0], a, b[0][0], b[0][1]);
+  mma_k32<false, true>(acc[1], a, b[1][0], b[1][1]);
+  mma_k32<false, true, true>(acc[2], a, b[2][0], b[2][1], MMA_BIAS_HIGH);
+}
+
 // The planes' sums (the rounding is in the high plane's) as Pillow's accumulator, >> 22
 // (within -640 .. 639) and clamped to bytes, as two byte pairs (upper halves 0): v[r] holds
 // acc[.][2 r] (byte 0) and acc[.][2 r + 1] (byte 1).
@@ -1000,8 +1054,9 @@ struct Lines {
 // tasks from channel c's N-block lb (both 0 but for the run's first block), most_steps
 // Int<KS> when the block takes more than one 32-input step (the same for the whole warp),
 // else Int<1>. The run's first block's fragments and span are loaded before ready() (every
-// thread calls it: the barrier the pass waits on), so those loads overlap the wait.
-template <int CH, int KS, typename Ready, typename Body>
+// thread calls it: the barrier the pass waits on), so those loads overlap the wait. W: the
+// blocks' weights (WideWeights or NarrowWeights, whose blocks take one step), a its value.
+template <int CH, typename W, typename Ready, typename Body>
 __device__ __forceinline__ void warp_tasks(const int* __restrict__ frags,
                                            const int* __restrict__ spans, int blocks, int lbs,
                                            Ready ready, Body body) {
@@ -1015,10 +1070,10 @@ __device__ __forceinline__ void warp_tasks(const int* __restrict__ frags,
     c = div_small(lb, lbs);
     lb -= c * lbs;
   }
-  unsigned a[3][KS][4];
+  W a;
   int at = 0, steps = 0;
   auto load = [&] {  // block j's fragments and span
-    load_weights<KS>(frags + j * MMA_FRAGMENT_WORDS, lane, a);
+    a.load(frags + j * W::WORDS, lane);
     at = load_before_barrier(spans + 2 * j);
     steps = load_before_barrier(spans + 2 * j + 1);
   };
@@ -1027,8 +1082,8 @@ __device__ __forceinline__ void warp_tasks(const int* __restrict__ frags,
   for (int task = first; task < last; c = lb = 0) {
     const int n = min(last, (j + 1) * per_block) - task;  // the warp's tasks of block j
     task += n;
-    if (KS > 1 && steps > 1) {
-      body(Int<KS>(), a, j, c, lb, n, at);
+    if (W::KS > 1 && steps > 1) {
+      body(Int<W::KS>(), a, j, c, lb, n, at);
     } else {
       body(Int<1>(), a, j, c, lb, n, at);
     }
@@ -1052,19 +1107,22 @@ __device__ __forceinline__ void warp_tasks(const int* __restrict__ frags,
 // nothing decided per task.
 // done(m, v) gets each task's place m and four clamped bytes as two byte pairs: v[0] at
 // output 16 j + g, lines 2 t (byte 0) and 2 t + 1 (byte 1) of the N-block; v[1] at output
-// 16 j + g + 8. KS: the most 32-input steps of the tile's blocks. ready(): the barrier after
-// which `in` is in place (warp_tasks calls it once the warp's first weights are on their way).
-template <int CH, int KS, typename Ready, typename OutAt, typename Done>
+// 16 j + g + 8. W: WideWeights<the most 32-input steps of the tile's blocks>. ready(): the
+// barrier after which `in` is in place (warp_tasks calls it once the warp's first weights
+// are on their way).
+// W = NarrowWeights: blocks of 8 outputs, one step each, times N-blocks of 16 lines (the
+// pixels the A operand: a lane reads lines g and g + 8); v[0] then holds line g, outputs
+// 8 j + 2 t (byte 0) and 8 j + 2 t + 1 (byte 1), v[1] line g + 8.
+template <int CH, typename W, typename Ready, typename OutAt, typename Done>
 __device__ __forceinline__ void mma_pass(const int* __restrict__ frags,
                                          const int* __restrict__ spans, int blocks, int lbs,
                                          const Lines& in, int out_plane, int out_step,
                                          Ready ready, OutAt out_at, Done done) {
   const int lane = (threadIdx.y * blockDim.x + threadIdx.x) & 31;
   const u8* lane_in = in.base + (lane >> 2) * in.pitch + 4 * (lane & 3) - __ldg(spans);
-  warp_tasks<CH, KS>(frags, spans, blocks, lbs, ready, [&](auto most_steps,
-                                                    const unsigned (&a)[3][KS][4], int j,
-                                                    int c, int lb, int n, int at) {
-    constexpr int S = decltype(most_steps)::value;
+  warp_tasks<CH, W>(frags, spans, blocks, lbs, ready, [&](auto most_steps, const W& w, int j,
+                                                         int c, int lb, int n, int at) {
+    [[maybe_unused]] constexpr int S = decltype(most_steps)::value;  // (wide blocks only)
     const u8* l0 = lane_in + at;  // its line's k words of the block's first step
     u8* o0 = out_at(j);
     // channel by channel (c, from N-block lb): a run of N-blocks moves by adds alone
@@ -1077,7 +1135,17 @@ __device__ __forceinline__ void mma_pass(const int* __restrict__ frags,
         constexpr int N = decltype(count)::value;
         int acc[N][3][4];
 #pragma unroll
-        for (int i = 0; i < N; ++i) products<S>(a, l + i * in.step, acc[i]);
+        for (int i = 0; i < N; ++i) {
+          const u8* li = l + i * in.step;
+          if constexpr (W::NARROW) {
+            const unsigned x[4] = {*(const unsigned*)li, *(const unsigned*)(li + 8 * in.pitch),
+                                   *(const unsigned*)(li + 16),
+                                   *(const unsigned*)(li + 8 * in.pitch + 16)};
+            narrow_products(w.b, x, acc[i]);
+          } else {
+            products<S>(w.a, li, acc[i]);
+          }
+        }
 #pragma unroll
         for (int i = 0; i < N; ++i) {
           unsigned v[2];
@@ -1124,14 +1192,33 @@ __device__ __forceinline__ void rgb_products(const unsigned (&a)[3][KS][4], cons
   }
 }
 
+// rgb_products for a narrow block (NarrowWeights b, one step): a lane's A words are rows l
+// and l + 8 pitch (lines g and g + 8), inputs 4 t.. and 16 + 4 t.., each 12 bytes split into
+// a word a channel.
+__device__ __forceinline__ void rgb_narrow_products(const unsigned (&b)[3][2], const u8* l,
+                                                    int pitch, int (&acc)[3][3][4]) {
+  const unsigned* w0 = (const unsigned*)l;
+  const unsigned* w8 = (const unsigned*)(l + 8 * pitch);
+  unsigned x[4][3];
+  split_rgb(w0[0], w0[1], w0[2], x[0]);
+  split_rgb(w8[0], w8[1], w8[2], x[1]);
+  split_rgb(w0[12], w0[13], w0[14], x[2]);  // 16 pixels on
+  split_rgb(w8[12], w8[13], w8[14], x[3]);
+#pragma unroll
+  for (int c = 0; c < 3; ++c) {
+    const unsigned a[4] = {x[0][c], x[1][c], x[2][c], x[3][c]};
+    narrow_products(b, a, acc[c]);
+  }
+}
+
 // The first pass of an RGB tile whose window is staged raw (R_RAW: rows of the source's
 // bytes, channels interleaved): as mma_pass over `blocks` M-blocks times `lbs` N-blocks of
 // 8 window rows, but a task takes all three channels of its N-block (rgb_products: one
 // set of loads serves them, and their products interleave), so the window needs no
 // planes. lines: where the lane's row g starts (its skew in the staged row included);
 // pitch: the window's row pitch. done(m, v) as mma_pass's, for each channel's output at
-// out_at(j) + c * out_plane.
-template <int KS, typename Ready, typename OutAt, typename Done>
+// out_at(j) + c * out_plane. W as mma_pass's (narrow: N-blocks of 16 rows).
+template <typename W, typename Ready, typename OutAt, typename Done>
 __device__ __forceinline__ void mma_pass_rgb(const int* __restrict__ frags,
                                              const int* __restrict__ spans, int blocks, int lbs,
                                              const u8* lines, int pitch, int out_plane,
@@ -1139,16 +1226,20 @@ __device__ __forceinline__ void mma_pass_rgb(const int* __restrict__ frags,
                                              Done done) {
   const int lane = (threadIdx.y * blockDim.x + threadIdx.x) & 31;
   const u8* lane_in = lines + 12 * (lane & 3) - 3 * __ldg(spans);
-  warp_tasks<1, KS>(frags, spans, blocks, lbs, ready, [&](auto most_steps,
-                                                   const unsigned (&a)[3][KS][4], int j, int,
-                                                   int lb, int n, int at) {
-    constexpr int S = decltype(most_steps)::value;
-    const u8* l = lane_in + 3 * at + lb * 8 * pitch;
+  const int step = W::LINES * pitch;  // an N-block's rows
+  warp_tasks<1, W>(frags, spans, blocks, lbs, ready, [&](auto most_steps, const W& w, int j, int,
+                                                        int lb, int n, int at) {
+    [[maybe_unused]] constexpr int S = decltype(most_steps)::value;  // (wide blocks only)
+    const u8* l = lane_in + 3 * at + lb * step;
     u8* o = out_at(j) + lb * out_step;
 #pragma unroll 1
-    for (int k = 0; k < n; ++k, l += 8 * pitch, o += out_step) {
+    for (int k = 0; k < n; ++k, l += step, o += out_step) {
       int acc[3][3][4];
-      rgb_products<S>(a, l, acc);
+      if constexpr (W::NARROW) {
+        rgb_narrow_products(w.b, l, pitch, acc);
+      } else {
+        rgb_products<S>(w.a, l, acc);
+      }
 #pragma unroll
       for (int c = 0; c < 3; ++c) {
         unsigned v[2];
@@ -1164,6 +1255,17 @@ __device__ __forceinline__ void mma_pass_rgb(const int* __restrict__ frags,
 __device__ __forceinline__ void store_pairs(u8* m, int pitch, const unsigned v[2]) {
   *(unsigned short*)m = (unsigned short)v[0];
   *(unsigned short*)(m + 8 * pitch) = (unsigned short)v[1];
+}
+
+// A narrow task's clamped bytes (mma_pass's v with NarrowWeights) where a lane's two
+// outputs of a line are neighbouring rows of `pitch` and its lines g and g + 8 columns: at
+// m, m + pitch, m + 8 and m + pitch + 8.
+__device__ __forceinline__ void store_columns(u8* m, int pitch, const unsigned v[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    m[8 * r] = (u8)v[r];
+    m[pitch + 8 * r] = (u8)(v[r] >> 8);
+  }
 }
 
 // The smallest row pitch of at least n bytes that is 16 more than a multiple of 32: the 8
@@ -1259,15 +1361,21 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
   const u64 tw0 = tid < TW ? words[tid] : 0, tw1 = tid + nt < TW ? words[tid + nt] : 0;
   const i64* row = desc + (i64)rec[R_IMAGE] * NF;
   const i64 d0 = CH == 4 && tid < NF ? row[tid] : 0;
-  const int ks = (rec[R_FLAGS] & R_TWO_STEPS) ? MMA_KS : 1;  // the most steps of any block
+  const int flags = rec[R_FLAGS];
+  const int ks = (flags & R_TWO_STEPS) ? MMA_KS : 1;  // the most steps of any wide block
+  // whether each pass takes narrow blocks (8 outputs, one step, 16 lines an N-block)
+  const bool narrow1 = flags & (VFIRST ? R_Y_NARROW : R_X_NARROW);
+  const bool narrow2 = flags & (VFIRST ? R_X_NARROW : R_Y_NARROW);
   // the inputs the tile's taps use: only these are staged and passed. A product's last
   // step may read up to 32 ks bytes past them, into the next line or the slack after a
   // region; those inputs only ever meet weight 0
   const int uc = rec[R_USED_W], ur = rec[R_USED_H];
-  // the first pass: its axis, M-blocks, lines (8-aligned) and inputs a line
+  // the first pass: its axis, outputs (16-aligned: m1 M-blocks) and lines (aligned to an
+  // N-block's: 16 narrow, 8 wide); the second's outputs
   const int* f1 = VFIRST ? fy : fx;
   const int* s1 = VFIRST ? sy : sx;
-  const int m1 = VFIRST ? my : mx, lines1 = ((VFIRST ? uc : ur) + 7) & ~7;
+  const int out1 = VFIRST ? th : tw, out2 = VFIRST ? tw : th, m1 = VFIRST ? my : mx;
+  const int lines1 = narrow1 ? ((VFIRST ? uc : ur) + 15) & ~15 : ((VFIRST ? uc : ur) + 7) & ~7;
   // RAW: one plane of the source's rows as they are (a row's bytes from its first one's
   // 16-byte granule on: up to 12 bytes of skew before them), else a plane a channel
   const int wp = RAW ? mma_pitch(CH * uc + 12) : mma_pitch(VFIRST ? ur : uc);
@@ -1363,62 +1471,97 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
     if (tid < NF) d[tid] = d0;
     for (int i = tid + nt; i < NF; i += nt) d[i] = row[i];
   }
-  // the passes, compiled for tiles of one and of two 32-input steps (fewer registers for one);
-  // each waits for its input with the barrier it calls once its warp's first weights are
-  // on their way
-  auto passes = [&](auto most_steps) {
-    constexpr int KS = decltype(most_steps)::value;
-    auto staged = [&] {
-      if constexpr (RAW) copy_wait();  // this thread's copies have landed
-      __syncthreads();  // the window, the block's normalise table (and RGBA's d) are in place
-    };
-    // the first pass: its outputs (M) times 8 window lines of a channel (N) into the
-    // intermediate, a line of the other axis per output
-    auto mid_at = [&](int j) { return mid + (16 * j + g) * mp + 2 * t; };
-    auto to_mid = [&](u8* m, const unsigned v[2]) { store_pairs(m, mp, v); };
-    if constexpr (RAW) {  // the lane's row g of the window (win is where copy_rows staged it)
-      const u8* lines = StagedRows{wp, (unsigned)(u64)s, (unsigned)rb}.row(g);
-      if constexpr (CH == 3) {
-        mma_pass_rgb<KS>(f1, s1, m1, lines1 >> 3, lines, wp, mid_plane, 8, staged, mid_at,
-                         to_mid);
-      } else {
-        mma_pass<CH, KS>(f1, s1, m1, lines1 >> 3, Lines{lines - g * wp, win_plane, 8 * wp, wp},
-                         mid_plane, 8, staged, mid_at, to_mid);
-      }
+  // the passes, each compiled for narrow blocks and for wide blocks of one and of two
+  // 32-input steps (fewer registers for one); each waits for its input with the barrier it
+  // calls once its warp's first weights are on their way
+  auto run = [&](auto pass, bool narrow) {
+    if (narrow) {
+      pass(NarrowWeights());
+    } else if (ks == 1) {
+      pass(WideWeights<1>());
     } else {
-      mma_pass<CH, KS>(f1, s1, m1, lines1 >> 3, Lines{win, win_plane, 8 * wp, wp}, mid_plane, 8,
-                       staged, mid_at, to_mid);
-    }
-    // the intermediate is in place, the window done with
-    auto intermediate = [] { __syncthreads(); };
-    const Lines in2{mid, mid_plane, 8 * mp, mp};
-    if constexpr (!VFIRST) {
-      // vertical: output rows (M) times 8 columns of a channel (N): a lane's two pixels of
-      // a row are neighbours, stored as a pair
-      mma_pass<CH, KS>(
-          fy, sy, my, (tw + 7) >> 3, in2, out_plane, 8, intermediate,
-          [&](int i) { return ob + (16 * i + g) * op + 2 * t; },
-          [&](u8* m, const unsigned v[2]) { store_pairs(m, op, v); });
-    } else {
-      // horizontal: output columns (M) times 8 rows of a channel (N): a lane's two pixels
-      // are in neighbouring rows, stored one by one
-      mma_pass<CH, KS>(
-          fx, sx, mx, (th + 7) >> 3, in2, out_plane, 8 * op, intermediate,
-          [&](int j) { return ob + 2 * t * op + 16 * j + g; },
-          [&](u8* m, const unsigned v[2]) {
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-              m[8 * r] = (u8)v[r];
-              m[op + 8 * r] = (u8)(v[r] >> 8);
-            }
-          });
+      pass(WideWeights<MMA_KS>());
     }
   };
-  if (ks == 1) {
-    passes(Int<1>());
-  } else {
-    passes(Int<MMA_KS>());
-  }
+  auto staged = [&] {
+    if constexpr (RAW) copy_wait();  // this thread's copies have landed
+    __syncthreads();  // the window, the block's normalise table (and RGBA's d) are in place
+  };
+  // the first pass: its outputs (M) times window lines of a channel (N) into the
+  // intermediate, a line of the other axis per output
+  run(
+      [&](auto weights) {
+        using W = decltype(weights);
+        const int blocks = (out1 + W::OUTPUTS - 1) / W::OUTPUTS, lbs = lines1 / W::LINES;
+        auto mid_at = [&](int j) {
+          return W::NARROW ? mid + (8 * j + 2 * t) * mp + g : mid + (16 * j + g) * mp + 2 * t;
+        };
+        auto to_mid = [&](u8* m, const unsigned v[2]) {
+          if constexpr (W::NARROW) {
+            store_columns(m, mp, v);
+          } else {
+            store_pairs(m, mp, v);
+          }
+        };
+        if constexpr (RAW) {  // the lane's row g of the window (where copy_rows staged it)
+          const u8* lines = StagedRows{wp, (unsigned)(u64)s, (unsigned)rb}.row(g);
+          if constexpr (CH == 3) {
+            mma_pass_rgb<W>(f1, s1, blocks, lbs, lines, wp, mid_plane, W::LINES, staged,
+                            mid_at, to_mid);
+          } else {
+            mma_pass<CH, W>(f1, s1, blocks, lbs,
+                            Lines{lines - g * wp, win_plane, W::LINES * wp, wp}, mid_plane,
+                            W::LINES, staged, mid_at, to_mid);
+          }
+        } else {
+          mma_pass<CH, W>(f1, s1, blocks, lbs, Lines{win, win_plane, W::LINES * wp, wp},
+                          mid_plane, W::LINES, staged, mid_at, to_mid);
+        }
+      },
+      narrow1);
+  // the intermediate is in place, the window done with
+  auto intermediate = [] { __syncthreads(); };
+  run(
+      [&](auto weights) {
+        using W = decltype(weights);
+        const Lines in2{mid, mid_plane, W::LINES * mp, mp};
+        const int blocks = (out2 + W::OUTPUTS - 1) / W::OUTPUTS;
+        const int lbs = (out1 + W::LINES - 1) / W::LINES;
+        if constexpr (!VFIRST) {
+          // vertical: output rows (M) times columns of a channel (N): a wide lane's two
+          // pixels of a row are neighbours, stored as a pair; a narrow lane's are in
+          // neighbouring rows, stored one by one
+          mma_pass<CH, W>(
+              fy, sy, blocks, lbs, in2, out_plane, W::LINES, intermediate,
+              [&](int i) {
+                return W::NARROW ? ob + (8 * i + 2 * t) * op + g : ob + (16 * i + g) * op + 2 * t;
+              },
+              [&](u8* m, const unsigned v[2]) {
+                if constexpr (W::NARROW) {
+                  store_columns(m, op, v);
+                } else {
+                  store_pairs(m, op, v);
+                }
+              });
+        } else {
+          // horizontal: output columns (M) times rows of a channel (N): a wide lane's two
+          // pixels are in neighbouring rows, stored one by one; a narrow lane's are
+          // neighbours, stored as a pair
+          mma_pass<CH, W>(
+              fx, sx, blocks, lbs, in2, out_plane, W::LINES * op, intermediate,
+              [&](int j) {
+                return W::NARROW ? ob + g * op + 8 * j + 2 * t : ob + 2 * t * op + 16 * j + g;
+              },
+              [&](u8* m, const unsigned v[2]) {
+                if constexpr (W::NARROW) {
+                  store_pairs(m, op, v);
+                } else {
+                  store_columns(m, op, v);
+                }
+              });
+        }
+      },
+      narrow2);
   __syncthreads();  // the tile's bytes are in place
   // through the normalise table into the patches, as an unresized tile (the rows and
   // columns past the resized image came out 0: the padding; RGBA is unpremultiplied and

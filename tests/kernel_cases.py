@@ -105,6 +105,19 @@ _CASES: dict[str, tuple[Shot, ...]] = {
         Shot(300, 700, 3, WIDE),
         Shot(99, 97, 3, SMALL),
     ),
+    # narrow blocks (8 outputs, one 32-input step) on both axes: RGBA and gray and RGB
+    # passed vertically first (the second pass's lanes store neighbouring pixels as pairs),
+    # RGBA and gray (rows off a word) horizontally first; then one axis narrow and the
+    # other wide in two steps, both ways round
+    "narrow_blocks": (
+        Shot(190, 230, 4, K3_SMALL, True),
+        Shot(400, 120, 3, SMALL),
+        Shot(360, 130, 4, K3_SMALL, True),
+        Shot(201, 233, 1, SMALL),
+        Shot(420, 131, 1, SMALL),
+        Shot(240, 300, 3, SMALL),
+        Shot(300, 245, 3, SMALL),
+    ),
     # unresized, several tiles each: tiles wholly inside the image (the plain kernel's loop
     # without padding checks) and tiles at its edges
     "plain_inside": _shots(

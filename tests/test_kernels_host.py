@@ -90,13 +90,13 @@ def test_tile_records_say_where_each_mma_and_plain_tile_reads_and_writes() -> No
     from mmwire.kernels._descriptors import _mma_axis
 
     # odd widths (rows not on a word) and one of whole words, RGBA (rows on words, its
-    # last groups past the image), a tall image passed vertically first, a 0.4
-    # downscale (two 32-input steps a block) and one of 0.9 (one), after an unresized
-    # image; the first, RGB with rows on words, is staged raw; last an unresized image
-    # smaller than its canvas (its tile partly padding)
+    # last groups past the image), a tall image passed vertically first, downscales of
+    # 0.4 (narrow blocks of one 32-input step), 0.36 (two steps a block, narrow or not) and
+    # 0.9 (one), after an unresized image; the first, RGB with rows on words, is staged
+    # raw; last an unresized image smaller than its canvas (its tile partly padding)
     jobs = (
         ImageJob(in_w=200, in_h=120, ch=3, out_w=90, out_h=56, patches=28, grid_w=7),
-        ImageJob(in_w=397, in_h=99, ch=4, out_w=159, out_h=40, patches=36, grid_w=12),
+        ImageJob(in_w=397, in_h=112, ch=4, out_w=159, out_h=40, patches=36, grid_w=12),
         ImageJob(in_w=140, in_h=352, ch=1, out_w=56, out_h=140, patches=40, grid_w=4, row=500),
         ImageJob(in_w=56, in_h=28, ch=3, out_w=56, out_h=28, patches=8, grid_w=4),
         ImageJob(in_w=301, in_h=203, ch=3, out_w=271, out_h=183, patches=280, grid_w=20),
@@ -138,27 +138,45 @@ def test_tile_records_say_where_each_mma_and_plain_tile_reads_and_writes() -> No
         assert at % job.ch == 0 and r["R_ROW_BYTES"] == job.in_w * job.ch
         assert wx >= 0 and wx + r["R_USED_W"] <= job.in_w
         assert wy >= 0 and wy + r["R_USED_H"] <= job.in_h
-        steps, origin = [], []
+        steps, origin, narrows = [], [], []
         for axis, o0, size, n_in in (
             ("X", gx0, job.out_w, job.in_w),
             ("Y", gy0, job.out_h, job.in_h),
         ):
             c = bicubic_coefficients(n_in, size)
             side = "W" if axis == "X" else "H"
-            blocks = -(-int(r[f"R_TILE_{side}"]) * 14 // 16)  # the M-blocks the tile uses
-            spans = tab[r[f"R_{axis}_SPANS"] :][: 2 * blocks].reshape(blocks, 2)
-            first = np.minimum(o0 * 14 + 16 * np.arange(blocks), size - 1)
-            assert (spans[:, 0] == c.xmin[first] & ~3).all()  # each block's first tap
-            steps += spans[:, 1].tolist()
-            origin.append(int(spans[0, 0]))
-            # the fragments of the tile column's (row's) blocks, as _mma_axis lays them out
             tile_px, index = int(d[f(f"TILE_P{side}")]) * 14, tcol if axis == "X" else trow
+            # narrow (R_X_NARROW 32, R_Y_NARROW 64): where some 16-output block of the axis
+            # takes two 32-input steps and every 8-output one fits one
+            narrow = bool(r["R_FLAGS"] & (32 if axis == "X" else 64))
+            most = {}
+            for b in (8, 16):
+                o = np.arange(size)
+                blk = o // tile_px * tile_px + (o % tile_px) // b * b  # each output's block
+                starts = np.flatnonzero(np.diff(blk, prepend=-1))
+                first_of = np.minimum.reduceat(c.xmin, starts)
+                ends = np.maximum.reduceat(c.xmin + c.n, starts)
+                most[b] = int((-(-(ends - (first_of & ~3)) // 32)).max())
+            assert narrow == (most[16] > 1 and most[8] == 1)
+            bs = 8 if narrow else 16
+            blocks = -(-int(r[f"R_TILE_{side}"]) * 14 // bs)  # the M-blocks the tile uses
+            spans = tab[r[f"R_{axis}_SPANS"] :][: 2 * blocks].reshape(blocks, 2)
+            first = np.minimum(o0 * 14 + bs * np.arange(blocks), size - 1)
+            assert (spans[:, 0] == c.xmin[first] & ~3).all()  # each block's first tap
+            if narrow:
+                assert (spans[:, 1] == 1).all()
+            else:
+                steps += spans[:, 1].tolist()
+            origin.append(int(spans[0, 0]))
+            narrows.append(narrow)
+            # the fragments of the tile column's (row's) blocks, as _mma_axis lays them out
             tiles = -(-(d[f("GRID_W")] if axis == "X" else d[f("GRID_H")]) // (tile_px // 14))
-            frags = _mma_axis(n_in, size, tile_px, int(tiles))[1][index, :blocks].reshape(-1)
+            frags = _mma_axis(n_in, size, tile_px, int(tiles), narrow)[1][index, :blocks]
+            frags = frags.reshape(-1)
             assert (tab[r[f"R_{axis}_WORDS"] :][: frags.size] == frags).all()
         assert (wx, wy) == tuple(origin)
         two = bool(r["R_FLAGS"] & 1)
-        assert two == (max(steps) > 1) and not r["R_FLAGS"] & 16
+        assert two == (max(steps, default=1) > 1) and not r["R_FLAGS"] & 16
         assert bool(r["R_FLAGS"] & 2) == (d[f("PASS1")] == 2)
         groups = -(-int(r["R_USED_W"]) // 4)  # staged 4 pixels at a time
         aligned = (at + d[f("SRC_OFF")]) % 4 == 0 and job.in_w * job.ch % 4 == 0
@@ -166,9 +184,9 @@ def test_tile_records_say_where_each_mma_and_plain_tile_reads_and_writes() -> No
         assert bool(r["R_FLAGS"] & 4) == whole
         raw = job.ch != 4 and d[f("PASS1")] == 1 and (d[f("SRC_OFF")] | job.in_w * job.ch) % 4 == 0
         assert bool(r["R_FLAGS"] & 8) == raw
-        seen.add((two, bool(r["R_FLAGS"] & 2), whole, raw))
+        seen.add((two, bool(r["R_FLAGS"] & 2), whole, raw, *narrows))
     # every flag is seen both ways; the plain tiles, whole and partly padding
-    for k in range(4):
+    for k in range(6):
         assert {s[k] for s in seen} == {False, True}
     assert plain_used == [(28, 56), (30, 50)]
 
@@ -458,6 +476,48 @@ def test_mma_fragments_hold_each_blocks_weights_in_lane_order(
         # the inputs the tile uses: to the last tap of its last output in the axis
         end = min((t + 1) * tile * patch, out_size) - 1
         assert spans[t, 0] == c.xmin[end] + c.n[end] - spans[t, 1]
+
+
+@pytest.mark.parametrize(
+    ("in_size", "out_size", "patch", "tile"),
+    [(4000, 2073, 14, 5), (3000, 1554, 14, 3), (140, 56, 14, 1)],
+)
+def test_narrow_fragments_hold_each_blocks_weights_in_lane_order(
+    in_size: int, out_size: int, patch: int, tile: int
+) -> None:
+    # the B fragments of each tile's narrow blocks, read back through the PTX layout of mma
+    # m16n8k32 (lane 4 g + t, word r: column g, k 16 r + 4 t + byte), are the Q22 weights
+    # of the block's 8 outputs over its one 32-input step; past the tile and the axis 0
+    from mmwire.kernels._descriptors import _mma_axis, _narrow_fits
+
+    c = bicubic_coefficients(in_size, out_size)
+    dense = np.zeros((out_size, in_size), np.int64)
+    for o in range(out_size):
+        dense[o, c.xmin[o] : c.xmin[o] + c.n[o]] = c.k[o, : c.n[o]]
+    grid = -(-out_size // patch)
+    tiles = -(-grid // tile)
+    assert _narrow_fits(in_size, out_size, tile * patch, tiles)
+    spans, frags = _mma_axis(in_size, out_size, tile * patch, tiles, True)
+    mb = -(-tile * patch // 8)
+    assert spans.shape == (tiles, 1 + 2 * mb) and frags.shape == (tiles, mb, 3, 32, 2)
+    raw = frags.view(np.uint32).astype(np.int64)
+    planes = (raw[..., None] >> (8 * np.arange(4))) & 255  # (tiles, mb, q, lane, r, byte)
+    for t in range(tiles):
+        for j in range(mb):
+            at, steps = spans[t, 1 + 2 * j : 3 + 2 * j]
+            b = np.zeros((3, 8, 32), np.int64)
+            for lane in range(32):
+                g, lt = divmod(lane, 4)
+                for r in range(2):
+                    b[:, g, 16 * r + 4 * lt : 16 * r + 4 * lt + 4] = planes[t, j, :, lane, r]
+            weights = b[0] + (b[1] << 8) + (np.where(b[2] >= 128, b[2] - 256, b[2]) << 16)
+            o0, tile_end = t * tile * patch + 8 * j, (t + 1) * tile * patch
+            want = np.zeros((8, 32), np.int64)
+            live = dense[o0 : min(o0 + 8, tile_end, out_size)]
+            want[: live.shape[0], : max(0, min(32, in_size - at))] = live[:, at : at + 32]
+            assert (weights == want).all(), (t, j)
+            assert at % 4 == 0 and steps == 1
+            assert not live[:, :at].any() and not live[:, at + 32 :].any()  # the span
 
 
 def test_mma_tiles_grow_past_a_power_of_two_while_they_fit() -> None:

@@ -33,7 +33,10 @@ static inline void __syncthreads() {
 static unsigned mmwire_dynamic_smem[160 * 1024 / sizeof(unsigned)];
 static inline unsigned* dynamic_smem() { return mmwire_dynamic_smem; }
 
-// CUDA's vector type of the 16-byte loads.
+// CUDA's vector types of the 8- and 16-byte loads.
+struct uint2 {
+  unsigned x, y;
+};
 struct uint4 {
   unsigned x, y, z, w;
 };
@@ -81,9 +84,10 @@ static inline float __fdividef(float a, float b) { return a / b; }
 // The warp-level int8 matrix product of the tensor-core passes (mma.sync m16n8k32, s32
 // accumulators): the 32 lanes of a warp (consecutive threads of the block) post their
 // fragments, meet, and each adds its four results to d (FIRST: to init instead)
-// from the whole A (16 x 32) and B (32 x 8), read through the PTX fragment layout (lane =
-// 4 g + t; A: a0 (g, 4t..), a1 (g + 8, 4t..), a2 (g, 16 + 4t..), a3 (g + 8, 16 + 4t..);
-// B: b0 (4t.., g), b1 (16 + 4t.., g); D: d0, d1 (g, 2t, 2t + 1), d2, d3 (g + 8, ...)).
+// from the whole A (16 x 32) and B (32 x 8), each of signed or unsigned bytes, read
+// through the PTX fragment layout (lane = 4 g + t; A: a0 (g, 4t..), a1 (g + 8, 4t..),
+// a2 (g, 16 + 4t..), a3 (g + 8, 16 + 4t..); B: b0 (4t.., g), b1 (16 + 4t.., g); D: d0, d1
+// (g, 2t, 2t + 1), d2, d3 (g + 8, ...)).
 struct mmwire_warp {
   std::barrier<>* meet;
   unsigned a[32][4];
@@ -91,7 +95,7 @@ struct mmwire_warp {
 };
 static mmwire_warp* mmwire_warps = nullptr;  // the running block's, set by the driver
 
-template <bool A_SIGNED, bool FIRST>
+template <bool A_SIGNED, bool FIRST, bool B_SIGNED = false>
 static inline void mma_k32(int (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1,
                            int init = 0) {
   const unsigned tid = threadIdx.y * blockDim.x + threadIdx.x, lane = tid % 32;
@@ -108,7 +112,8 @@ static inline void mma_k32(int (&d)[4], const unsigned (&a)[4], unsigned b0, uns
       const unsigned aw = w.a[(row % 8) * 4 + (k % 16) / 4][row / 8 + 2 * (k / 16)];
       const unsigned bw = w.b[col * 4 + (k % 16) / 4][k / 16];
       const unsigned ab = (aw >> (8 * (k % 4))) & 255, bb = (bw >> (8 * (k % 4))) & 255;
-      sum += (A_SIGNED ? (int)(signed char)ab : (int)ab) * (int)bb;
+      sum += (A_SIGNED ? (int)(signed char)ab : (int)ab) *
+             (B_SIGNED ? (int)(signed char)bb : (int)bb);
     }
     d[e] = (int)((unsigned)(FIRST ? init : d[e]) + (unsigned)sum);
   }
