@@ -755,6 +755,11 @@ __device__ __forceinline__ void plain_units(const Rows& rows, const i64* d, cons
 // products' int32 sums add up to Pillow's accumulator (wrapping adds; the total is in range).
 // The host splits them and lays each M-block's out as its lanes' A fragments, with the
 // blocks' spans (_mma_axis; a tile's record says where: R_X_WORDS, R_X_SPANS, ...).
+// An axis whose 16-output blocks take two 32-input steps where every 8-output block fits
+// one (a downscale of about 1.5 to 2.6; R_X_NARROW, R_Y_NARROW) takes narrow blocks
+// instead: the pixels are A (16 lines x 32 inputs), the weights B (32 inputs x 8 outputs,
+// the high plane signed), half the products and a quarter of the weight registers (the
+// 8-image mixed batch 2.0-2.6 µs faster on the H200: bench/results/20261202-narrow-on-gpu).
 // A tile's source window sits in shared memory as one plane a channel (rows of input
 // columns; columns of input rows when Pillow resizes vertically first), or (R_RAW: gray and
 // RGB passed horizontally first, rows on a word) as the source's rows copied as they are,
