@@ -505,10 +505,6 @@ def _mma_axis(
     return out
 
 
-_FRAGMENT_WORDS = 3 * _MMA_STEPS * 32 * 4
-"""``MMA_FRAGMENT_WORDS`` in ``pixels.cu``: the A words of one M-block."""
-
-
 def _mma_records(
     job: ImageJob,
     image: int,
