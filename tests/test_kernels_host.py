@@ -429,6 +429,33 @@ def test_weight_words_hold_the_q22_weights_by_bytes(in_size: int, out_size: int)
     assert words.shape == (out_size, 3, (c.k.shape[1] + 6) // 4)
 
 
+def _dense_weights(c: Any, in_size: int, out_size: int) -> np.ndarray[Any, Any]:
+    """An axis's Q22 weights as a dense (outputs, inputs) matrix."""
+    dense = np.zeros((out_size, in_size), np.int64)
+    for o in range(out_size):
+        dense[o, c.xmin[o] : c.xmin[o] + c.n[o]] = c.k[o, : c.n[o]]
+    return dense
+
+
+def _from_planes(planes: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """Weights from their three byte planes (the first axis), the high one signed."""
+    high = np.where(planes[2] >= 128, planes[2] - 256, planes[2])
+    out: np.ndarray[Any, Any] = planes[0] + (planes[1] << 8) + (high << 16)
+    return out
+
+
+def _block_weights(
+    dense: np.ndarray[Any, Any], o0: int, outputs: int, tile_end: int, at: int, k: int
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """What a block of ``outputs`` outputs from ``o0`` should hold over inputs ``at`` ..
+    ``at + k`` (0 past the tile and the axis), and its live outputs' whole rows."""
+    out_size, in_size = dense.shape
+    want = np.zeros((outputs, k), np.int64)
+    live = dense[o0 : min(o0 + outputs, tile_end, out_size)]
+    want[: live.shape[0], : max(0, min(k, in_size - at))] = live[:, at : at + k]
+    return want, live
+
+
 @pytest.mark.parametrize(
     ("in_size", "out_size", "patch", "tile"),
     [(4000, 2073, 14, 4), (3000, 1460, 14, 5), (30, 56, 14, 1)],
@@ -443,9 +470,7 @@ def test_mma_fragments_hold_each_blocks_weights_in_lane_order(
     from mmwire.kernels._descriptors import _MMA_STEPS, _mma_axis
 
     c = bicubic_coefficients(in_size, out_size)
-    dense = np.zeros((out_size, in_size), np.int64)
-    for o in range(out_size):
-        dense[o, c.xmin[o] : c.xmin[o] + c.n[o]] = c.k[o, : c.n[o]]
+    dense = _dense_weights(c, in_size, out_size)
     grid = -(-out_size // patch)
     tiles = -(-grid // tile)
     spans, frags = _mma_axis(in_size, out_size, tile * patch, tiles)
@@ -465,12 +490,9 @@ def test_mma_fragments_hold_each_blocks_weights_in_lane_order(
                     row, k = g + 8 * (r & 1), 16 * (r >> 1) + 4 * lt
                     for st in range(_MMA_STEPS):
                         a[:, row, 32 * st + k : 32 * st + k + 4] = planes[t, j, :, st, lane, r]
-            weights = a[0] + (a[1] << 8) + (np.where(a[2] >= 128, a[2] - 256, a[2]) << 16)
             o0, tile_end = t * tile * patch + 16 * j, (t + 1) * tile * patch
-            want = np.zeros((16, k32), np.int64)
-            live = dense[o0 : min(o0 + 16, tile_end, out_size)]
-            want[: live.shape[0], : max(0, min(k32, in_size - at))] = live[:, at : at + k32]
-            assert (weights == want).all(), (t, j)
+            want, live = _block_weights(dense, o0, 16, tile_end, at, k32)
+            assert (_from_planes(a) == want).all(), (t, j)
             assert at % 4 == 0 and 1 <= steps <= _MMA_STEPS
             assert not live[:, :at].any() and not live[:, at + 32 * steps :].any()  # the span
         # the inputs the tile uses: to the last tap of its last output in the axis
@@ -490,10 +512,7 @@ def test_narrow_fragments_hold_each_blocks_weights_in_lane_order(
     # of the block's 8 outputs over its one 32-input step; past the tile and the axis 0
     from mmwire.kernels._descriptors import _mma_axis, _narrow_fits
 
-    c = bicubic_coefficients(in_size, out_size)
-    dense = np.zeros((out_size, in_size), np.int64)
-    for o in range(out_size):
-        dense[o, c.xmin[o] : c.xmin[o] + c.n[o]] = c.k[o, : c.n[o]]
+    dense = _dense_weights(bicubic_coefficients(in_size, out_size), in_size, out_size)
     grid = -(-out_size // patch)
     tiles = -(-grid // tile)
     assert _narrow_fits(in_size, out_size, tile * patch, tiles)
@@ -510,12 +529,9 @@ def test_narrow_fragments_hold_each_blocks_weights_in_lane_order(
                 g, lt = divmod(lane, 4)
                 for r in range(2):
                     b[:, g, 16 * r + 4 * lt : 16 * r + 4 * lt + 4] = planes[t, j, :, lane, r]
-            weights = b[0] + (b[1] << 8) + (np.where(b[2] >= 128, b[2] - 256, b[2]) << 16)
             o0, tile_end = t * tile * patch + 8 * j, (t + 1) * tile * patch
-            want = np.zeros((8, 32), np.int64)
-            live = dense[o0 : min(o0 + 8, tile_end, out_size)]
-            want[: live.shape[0], : max(0, min(32, in_size - at))] = live[:, at : at + 32]
-            assert (weights == want).all(), (t, j)
+            want, live = _block_weights(dense, o0, 8, tile_end, at, 32)
+            assert (_from_planes(b) == want).all(), (t, j)
             assert at % 4 == 0 and steps == 1
             assert not live[:, :at].any() and not live[:, at + 32 :].any()  # the span
 
