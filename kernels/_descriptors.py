@@ -483,7 +483,7 @@ def _mma_axis(
     i32 = np.int32
     if narrow:  # (tiles, mb, plane, lane, r)
         r = np.arange(2, dtype=i32)
-        o = o0[:, :, None, None, None] + (lane >> 2)[:, None] + 0 * r
+        o = o0[:, :, None, None, None] + (lane >> 2)[:, None]  # (r: through first)
         first = at[:, :, None, None, None] + 16 * r + 4 * (lane & 3)[:, None]
     else:  # (tiles, mb, plane, step, lane, r)
         r = np.arange(4, dtype=i32)
@@ -510,16 +510,16 @@ def _mma_records(
     image: int,
     row: np.ndarray[Any, np.dtype[np.int64]],
     patch: int,
-    axes: tuple[tuple[int, int], tuple[int, int]],
+    axes: tuple[tuple[int, int, bool], tuple[int, int, bool]],
 ) -> np.ndarray[Any, np.dtype[np.int32]]:
     """An MMA image's tile records (``RECORD_FIELDS``), in tile order, from its descriptor
     ``row`` and where its axes' fragments and spans are in the tables (``axes``: x then y,
-    each ``(fragments, spans)``): where each tile's window starts in the source and what of
-    it the taps use, its spans and fragments, its patches and its flags (``_TWO_STEPS``: a
-    used wide M-block takes two 32-input steps; ``_X_NARROW``, ``_Y_NARROW``: the axis takes
-    narrow blocks (``_narrow``); ``_V_FIRST``; ``_WHOLE``: the window's rows
-    start on a word and its groups of four pixels lie inside the image, so staging takes
-    plain word loads; ``_RAW``: ``_mma_raw``)."""
+    each ``(fragments, spans, narrow)``): where each tile's window starts in the source and
+    what of it the taps use, its spans and fragments, its patches and its flags
+    (``_TWO_STEPS``: a used wide M-block takes two 32-input steps; ``_X_NARROW``,
+    ``_Y_NARROW``: the axis takes narrow blocks (``_narrow``); ``_V_FIRST``; ``_WHOLE``:
+    the window's rows start on a word and its groups of four pixels lie inside the image, so
+    staging takes plain word loads; ``_RAW``: ``_mma_raw``)."""
 
     def f(name: str) -> int:
         return int(row[_F[name]])
@@ -528,8 +528,7 @@ def _mma_records(
         f(n) for n in ("TILE_PH", "TILE_PW", "TILES_W", "GRID_H", "GRID_W")
     )
     tiles_h = -(-grid_h // tph)
-    nx = _narrow(job.in_w, job.out_w, tpw * patch, tiles_w)
-    ny = _narrow(job.in_h, job.out_h, tph * patch, tiles_h)
+    nx, ny = axes[0][2], axes[1][2]
     xs, xf = _mma_axis(job.in_w, job.out_w, tpw * patch, tiles_w, nx)
     ys, yf = _mma_axis(job.in_h, job.out_h, tph * patch, tiles_h, ny)
     gy0, gx0, nph, npw = _tiles(row)
@@ -725,7 +724,7 @@ def layout_of(
     desc = np.zeros((len(jobs), len(FIELDS)), np.int64)
     chunks: list[np.ndarray[Any, np.dtype[np.int32]]] = []
     table_at: dict[tuple[int, int], tuple[int, int, int, int]] = {}
-    axis_at: dict[tuple[int, int, int, int, bool], tuple[int, int]] = {}
+    axis_at: dict[tuple[int, int, int, int, bool], tuple[int, int, bool]] = {}
     used = 0
     tiles_of: list[int] = []
 
@@ -746,14 +745,15 @@ def layout_of(
             table_at[key] = (at, at + c.n.size, at + 2 * c.n.size, c.ksize)
         return table_at[key]
 
-    def mma_axis(in_size: int, out_size: int, tile: int, tiles: int) -> tuple[int, int]:
-        """Where one MMA axis's fragments and spans are (``_mma_axis``): the fragments at a
-        multiple of 4 elements, so each lane's are 16-byte loads."""
+    def mma_axis(in_size: int, out_size: int, tile: int, tiles: int) -> tuple[int, int, bool]:
+        """Where one MMA axis's fragments and spans are (``_mma_axis``), and whether it takes
+        narrow blocks (``_narrow``): the fragments at a multiple of 4 elements, so each
+        lane's are 16-byte loads."""
         key = (in_size, out_size, tile, tiles, _narrow(in_size, out_size, tile, tiles))
         if key not in axis_at:
             spans, frags = _mma_axis(*key)
             place(np.zeros(-used % 4, np.int32))
-            axis_at[key] = place(frags), place(spans)
+            axis_at[key] = place(frags), place(spans), key[4]
         return axis_at[key]
 
     def tiles(
@@ -789,7 +789,7 @@ def layout_of(
     src = mid = mid_rows = mid_width = patches = out = out_rows = out_width = 0
     smem = mma_need = plain_need = 0
     kinds: list[Kind] = []
-    axes: dict[int, tuple[tuple[int, int], tuple[int, int]]] = {}  # per MMA image
+    axes: dict[int, tuple[tuple[int, int, bool], tuple[int, int, bool]]] = {}  # per MMA image
     src_offsets: list[int] = []
     out_offsets: list[int] = []
     for image, (row, job, (p1, p2), (kind, fit)) in enumerate(zip(desc, jobs, passes, planned)):
