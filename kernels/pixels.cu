@@ -1273,6 +1273,32 @@ __device__ __forceinline__ void store_columns(u8* m, int pitch, const unsigned v
   }
 }
 
+// Where a pass's lane puts its tasks' bytes in a plane of row pitch `pitch` at base, whose
+// rows are the pass's outputs (OUT_ROWS; its lines then the columns) or its lines: at(j),
+// the lane's place for block j's first task; step, an N-block on; store(m, v), a task's
+// bytes (mma_pass's v), as pairs where the lane's two bytes of a line are neighbours in a
+// row (wide blocks into rows of lines, narrow ones into rows of outputs), else one by one.
+template <typename W, bool OUT_ROWS>
+struct LaneOut {
+  u8* base;
+  int pitch, g, t;
+  __device__ __forceinline__ u8* at(int j) const {
+    if constexpr (OUT_ROWS) {
+      return W::NARROW ? base + (8 * j + 2 * t) * pitch + g : base + (16 * j + g) * pitch + 2 * t;
+    } else {
+      return W::NARROW ? base + g * pitch + 8 * j + 2 * t : base + 2 * t * pitch + 16 * j + g;
+    }
+  }
+  __device__ __forceinline__ int step() const { return OUT_ROWS ? W::LINES : W::LINES * pitch; }
+  __device__ __forceinline__ void store(u8* m, const unsigned v[2]) const {
+    if constexpr (OUT_ROWS == W::NARROW) {
+      store_columns(m, pitch, v);
+    } else {
+      store_pairs(m, pitch, v);
+    }
+  }
+};
+
 // The smallest row pitch of at least n bytes that is 16 more than a multiple of 32: the 8
 // lines x 4 words a warp reads fall in 32 different banks.
 __device__ __forceinline__ int mma_pitch(int n) { return ((n + 15) & ~31) + 16; }
@@ -1498,29 +1524,22 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
       [&](auto weights) {
         using W = decltype(weights);
         const int blocks = (out1 + W::OUTPUTS - 1) / W::OUTPUTS, lbs = lines1 / W::LINES;
-        auto mid_at = [&](int j) {
-          return W::NARROW ? mid + (8 * j + 2 * t) * mp + g : mid + (16 * j + g) * mp + 2 * t;
-        };
-        auto to_mid = [&](u8* m, const unsigned v[2]) {
-          if constexpr (W::NARROW) {
-            store_columns(m, mp, v);
-          } else {
-            store_pairs(m, mp, v);
-          }
-        };
+        const LaneOut<W, true> o{mid, mp, g, t};
+        auto mid_at = [&](int j) { return o.at(j); };
+        auto to_mid = [&](u8* m, const unsigned v[2]) { o.store(m, v); };
         if constexpr (RAW) {  // the lane's row g of the window (where copy_rows staged it)
           const u8* lines = StagedRows{wp, (unsigned)(u64)s, (unsigned)rb}.row(g);
           if constexpr (CH == 3) {
-            mma_pass_rgb<W>(f1, s1, blocks, lbs, lines, wp, mid_plane, W::LINES, staged,
+            mma_pass_rgb<W>(f1, s1, blocks, lbs, lines, wp, mid_plane, o.step(), staged,
                             mid_at, to_mid);
           } else {
             mma_pass<CH, W>(f1, s1, blocks, lbs,
                             Lines{lines - g * wp, win_plane, W::LINES * wp, wp}, mid_plane,
-                            W::LINES, staged, mid_at, to_mid);
+                            o.step(), staged, mid_at, to_mid);
           }
         } else {
           mma_pass<CH, W>(f1, s1, blocks, lbs, Lines{win, win_plane, W::LINES * wp, wp},
-                          mid_plane, W::LINES, staged, mid_at, to_mid);
+                          mid_plane, o.step(), staged, mid_at, to_mid);
         }
       },
       narrow1);
@@ -1532,39 +1551,13 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
         const Lines in2{mid, mid_plane, W::LINES * mp, mp};
         const int blocks = (out2 + W::OUTPUTS - 1) / W::OUTPUTS;
         const int lbs = (out1 + W::LINES - 1) / W::LINES;
-        if constexpr (!VFIRST) {
-          // vertical: output rows (M) times columns of a channel (N): a wide lane's two
-          // pixels of a row are neighbours, stored as a pair; a narrow lane's are in
-          // neighbouring rows, stored one by one
-          mma_pass<CH, W>(
-              fy, sy, blocks, lbs, in2, out_plane, W::LINES, intermediate,
-              [&](int i) {
-                return W::NARROW ? ob + (8 * i + 2 * t) * op + g : ob + (16 * i + g) * op + 2 * t;
-              },
-              [&](u8* m, const unsigned v[2]) {
-                if constexpr (W::NARROW) {
-                  store_columns(m, op, v);
-                } else {
-                  store_pairs(m, op, v);
-                }
-              });
-        } else {
-          // horizontal: output columns (M) times rows of a channel (N): a wide lane's two
-          // pixels are in neighbouring rows, stored one by one; a narrow lane's are
-          // neighbours, stored as a pair
-          mma_pass<CH, W>(
-              fx, sx, blocks, lbs, in2, out_plane, W::LINES * op, intermediate,
-              [&](int j) {
-                return W::NARROW ? ob + g * op + 8 * j + 2 * t : ob + 2 * t * op + 16 * j + g;
-              },
-              [&](u8* m, const unsigned v[2]) {
-                if constexpr (W::NARROW) {
-                  store_pairs(m, op, v);
-                } else {
-                  store_columns(m, op, v);
-                }
-              });
-        }
+        // vertical (!VFIRST): output rows (M) times columns of a channel (N), the tile's
+        // rows its outputs; horizontal: output columns (M) times rows (N), its rows the lines
+        const LaneOut<W, !VFIRST> o{ob, op, g, t};
+        mma_pass<CH, W>(
+            VFIRST ? fx : fy, VFIRST ? sx : sy, blocks, lbs, in2, out_plane, o.step(),
+            intermediate, [&](int j) { return o.at(j); },
+            [&](u8* m, const unsigned v[2]) { o.store(m, v); });
       },
       narrow2);
   __syncthreads();  // the tile's bytes are in place
