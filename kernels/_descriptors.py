@@ -125,13 +125,24 @@ MIXED_PLAIN_TILE = (8, 4)
 in a plain launch): fewer, larger tiles beside the MMA tiles made the 8-image mixed batch
 about 2 µs faster in both types on the H200, and 4 x 8 and 8 x 8 less so; in a plain launch
 8 x 4 was 1 µs slower (bench/results/20261201-staged-plain)."""
-MMA_TILE_PIXELS = (128, 128)
-"""About how many canvas rows and columns one MMA tile covers (as ``TILE_PIXELS``)."""
-MMA_SMEM_BYTES = 71 * 1024
+MMA_TILE_OVERHEAD = 40
+"""A tile's fixed cost (its record, staging latency, pass set-up, barriers) in the MMA
+measure's units (products of 128 outputs a channel): ``_mma_tile_for`` minimises the
+tiles' products plus this a tile. Fewer, larger tiles won on the H200: across 28 forced
+shapes of four batches the kernel time followed the tile count (about 7 µs per 1000
+tiles) more than the products (bench/results/20261202-mma-tile-shapes)."""
+MMA_TILE_TALL, MMA_TILE_WIDE = 2, 4.5
+"""How much taller than wide, and wider than tall, an MMA tile may be (in patches): a
+tile's transpose ran 0.4-4 µs slower whenever it was the taller of the two (8 x 2 against
+2 x 8, 5 x 2 against 2 x 5, ...: its window has more, shorter rows to stage), and 2 x 9
+tiles were the fastest of the tall batch (bench/results/20261202-mma-tile-shapes)."""
+MMA_SMEM_BYTES = 143 * 512
 """The most shared memory one MMA tile's window planes (or output planes, which reuse them)
-and intermediate may take (more than 48 KiB makes the launcher opt in): three blocks a
-multiprocessor of 228 KiB (H100, H200) with the blocks' own 1 + 3.5 KiB. Larger tiles at two
-blocks measured slower on the H200 (bench/results/20261201-mma-weights)."""
+and intermediate may take (more than 48 KiB makes the launcher opt in): 71.5 KiB, so three
+blocks a multiprocessor of 228 KiB (H100, H200) with the blocks' static 3.3 KiB and the 1
+KiB the driver reserves for each. Larger tiles at two blocks measured slower on the H200
+(bench/results/20261201-mma-weights); 71.5 rather than 71 KiB lets the 8-image mixed
+batch's 4000 x 3000 photo take 2 x 8 tiles (bench/results/20261202-mma-tile-shapes)."""
 _MMA_STEPS = 2
 """``MMA_KS`` in ``pixels.cu``: the most 32-input steps one block of 16 outputs may read
 (downscales to about 0.35 of a side); an image needing more takes the general kernel."""
@@ -282,39 +293,55 @@ def _tile_for(
     budget: int,
     measure: Measure,
     pixels: tuple[int, int] = TILE_PIXELS,
-    between: bool = False,
 ) -> tuple[int, int, int] | None:
     """The tile (patches down, across) whose shared memory fits: of the largest area that
     fits, the shape with the least work per pixel (an image resized rows first gets taller
-    tiles, so its first pass makes fewer halo rows); and its bytes. Areas are powers of two;
-    ``between`` then grows the tile a patch row or column at a time while it fits (3 x 4
-    where 4 x 4 does not), a few more shapes to measure."""
+    tiles, so its first pass makes fewer halo rows); and its bytes. Areas are powers of
+    two."""
     th, tw = max(1, pixels[0] // patch), max(1, pixels[1] // patch)
-
-    def best(shapes: list[tuple[int, int]]) -> tuple[int, int, int] | None:
+    for shapes in _tile_shapes(th * tw):
         fits = []  # (larger area first, work per pixel, not the configured shape, ...)
         for tile in shapes:
             m = measure(tile)
             if m is not None and m[0] <= budget:
                 fits.append((-tile[0] * tile[1], m[1], tile != (th, tw), tile, m[0]))
-        if not fits:
-            return None
-        *_, tile, need = min(fits, key=lambda f: f[:3])  # the first of equals
-        return (*tile, need)
-
-    for shapes in _tile_shapes(th * tw):
-        fit = best(shapes)
-        while fit is not None and between:
-            a, b = fit[0], fit[1]
-            grown = [(a + 1, b), (a, b + 1)]
-            ok = [(x, y) for x, y in grown if max(x, y) <= 2 * min(x, y) and x * y <= th * tw]
-            bigger = best(ok)
-            if bigger is None:
-                break
-            fit = bigger
-        if fit is not None:
-            return fit
+        if fits:
+            *_, tile, need = min(fits, key=lambda f: f[:3])  # the first of equals
+            return (*tile, need)
     return None
+
+
+def _mma_tile_for(
+    job: ImageJob, patch: int, budget: int, measure: Measure
+) -> tuple[int, int, int] | None:
+    """An MMA image's tile (patches down, across) and its bytes: of the shapes whose shared
+    memory fits ``budget``, no more than ``MMA_TILE_TALL`` times taller than wide nor
+    ``MMA_TILE_WIDE`` times wider than tall, nor larger than the grid, the one with the
+    least estimated work: its tiles' products (``measure``) plus ``MMA_TILE_OVERHEAD`` a
+    tile; among equals the wider, then the shorter. A wider (or taller) tile needs more
+    shared memory, so a row of shapes stops at the first that does not fit, and the search
+    at a height whose narrowest shape does not."""
+    grid_h = job.patches // job.grid_w
+    most = _MMA_MAX_BLOCKS * 16 // patch  # patches along a side
+    best: tuple[tuple[float, int, int], tuple[int, int, int]] | None = None
+    for a in range(1, min(grid_h, most) + 1):
+        narrowest = -(-a // MMA_TILE_TALL)
+        for b in range(narrowest, min(job.grid_w, int(MMA_TILE_WIDE * a), most) + 1):
+            m = measure((a, b))
+            if m is None:  # a block past MMA_KS steps: another width may fit
+                continue
+            if m[0] > budget:
+                break
+            tiles = -(-grid_h // a) * -(-job.grid_w // b)
+            work = tiles * (m[1] * a * b * patch * patch / 128 + MMA_TILE_OVERHEAD)
+            key = (work, -b, a)
+            if best is None or key < best[0]:
+                best = (key, (a, b, m[0]))
+        else:
+            continue
+        if b == narrowest:
+            break
+    return None if best is None else best[1]
 
 
 def _general_measure(job: ImageJob, passes: tuple[int, int], patch: int) -> Measure:
@@ -766,7 +793,7 @@ def layout_of(
         if tensor_cores and patch % 2 == 0 and p1 != _NONE:
             v_first = p1 == _VERTICAL
             measure = _mma_measure(job, patch, v_first, _mma_raw(job, v_first, src))
-            fit = _tile_for(job, patch, mma_smem, measure, MMA_TILE_PIXELS, True)
+            fit = _mma_tile_for(job, patch, mma_smem, measure)
             if fit is not None:
                 return "mma", fit
         fit = _tile_for(job, patch, tile_smem, _general_measure(job, (p1, p2), patch), pixels)

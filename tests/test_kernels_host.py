@@ -536,18 +536,67 @@ def test_narrow_fragments_hold_each_blocks_weights_in_lane_order(
             assert not live[:, :at].any() and not live[:, at + 32 :].any()  # the span
 
 
-def test_mma_tiles_grow_past_a_power_of_two_while_they_fit() -> None:
-    # 4000x3000 shrunk ~1.9x: 4 x 4 patches do not fit the budget, 2 x 4 do, then 3 x 4 and
-    # 3 x 5 too (4 x 5 and 3 x 6 do not)
+def test_mma_tiles_of_the_mixed_batchs_photos_are_the_shapes_measured_fastest() -> None:
+    # bench/results/20261202-mma-tile-shapes: 2 x 8 for the 4000 x 3000 photo (71.3 KiB,
+    # which 71.5 KiB lets in) and 3 x 8 for the 3000 x 2000 one, against the former 3 x 5
+    # and 5 x 5; a larger budget gives fewer, larger tiles
     from mmwire.kernels._descriptors import MMA_SMEM_BYTES
 
-    job = ImageJob(4000, 3000, 3, 2073, 1554, grid_w=150, patches=150 * 112)
-    layout = layout_of((job,), (13, 0), 14, tensor_cores=True)
-    row = layout.desc[0]
-    assert (row[FIELDS.index("TILE_PH")], row[FIELDS.index("TILE_PW")]) == (3, 5)
-    assert 0 < layout.mma_smem_bytes <= MMA_SMEM_BYTES
-    big = layout_of((job,), (13, 0), 14, tensor_cores=True, mma_smem=MMA_SMEM_BYTES * 2)
-    assert big.mma_smem_bytes > MMA_SMEM_BYTES and big.tiles < layout.tiles
+    shapes = []
+    for (w, h), (ow, oh, gw, gh) in {
+        (4000, 3000): (2073, 1554, 150, 112),
+        (3000, 2000): (2202, 1468, 158, 106),
+    }.items():
+        job = ImageJob(w, h, 3, ow, oh, grid_w=gw, patches=gw * gh)
+        layout = layout_of((job,), (13, 0), 14, tensor_cores=True)
+        row = layout.desc[0]
+        shapes.append((int(row[FIELDS.index("TILE_PH")]), int(row[FIELDS.index("TILE_PW")])))
+        assert 0 < layout.mma_smem_bytes <= MMA_SMEM_BYTES
+        big = layout_of((job,), (13, 0), 14, tensor_cores=True, mma_smem=MMA_SMEM_BYTES * 2)
+        assert big.mma_smem_bytes > MMA_SMEM_BYTES and big.tiles < layout.tiles
+    assert shapes == [(2, 8), (3, 8)]
+
+
+@pytest.mark.parametrize(
+    ("size", "out", "ch"),
+    [
+        ((4000, 3000), (2073, 1554), 3),
+        ((4000, 3000), (2073, 1554), 4),
+        ((4000, 3000), (2073, 1554), 1),
+        ((800, 2400), (518, 1555), 3),  # Pillow resizes it vertically first
+        ((1536, 1024), (1349, 899), 3),
+        ((3000, 600), (1432, 286), 4),
+        ((700, 500), (267, 191), 3),  # shrunk 2.6x: most shapes need two steps
+        ((611, 300), (190, 150), 3),  # 2 to 4 patches wide need three steps, 5 do not
+        ((90, 60), (150, 100), 1),  # enlarged, a grid of 8 x 11 patches
+    ],
+)
+def test_mma_tile_search_finds_the_least_work_of_all_allowed_shapes(
+    size: tuple[int, int], out: tuple[int, int], ch: int
+) -> None:
+    # _mma_tile_for stops a row of shapes at the first that does not fit and the search at a
+    # height whose narrowest shape does not; every shape, tried, gives the same answer
+    from mmwire.kernels import _descriptors as D
+
+    p = 14
+    gw, gh = -(-out[0] // p), -(-out[1] // p)
+    job = ImageJob(*size, ch, *out, grid_w=gw, patches=gw * gh)
+    v_first = D._passes(job, (13, 0))[0] == D._VERTICAL
+    measure = D._mma_measure(job, p, v_first, D._mma_raw(job, v_first, 0))
+    best = None
+    for a in range(1, gh + 1):
+        for b in range(1, gw + 1):
+            m = measure((a, b))
+            if m is None or m[0] > D.MMA_SMEM_BYTES:
+                continue
+            if a > D.MMA_TILE_TALL * b or b > D.MMA_TILE_WIDE * a:
+                continue
+            tiles = -(-gh // a) * -(-gw // b)
+            key = (tiles * (m[1] * a * b * p * p / 128 + D.MMA_TILE_OVERHEAD), -b, a)
+            if best is None or key < best[0]:
+                best = (key, (a, b, m[0]))
+    assert best is not None
+    assert D._mma_tile_for(job, p, D.MMA_SMEM_BYTES, measure) == best[1]
 
 
 def test_layout_rejects_impossible_jobs() -> None:
