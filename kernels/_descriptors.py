@@ -131,6 +131,10 @@ measure's units (products of 128 outputs a channel): ``_mma_tile_for`` minimises
 tiles' products plus this a tile. Fewer, larger tiles won on the H200: across 28 forced
 shapes of four batches the kernel time followed the tile count (about 7 µs per 1000
 tiles) more than the products (bench/results/20261202-mma-tile-shapes)."""
+MMA_TILE_SIDE = 128
+"""The most canvas pixels along an MMA tile's side: 4 x 10 patches of 14 (140 pixels wide)
+ran the resized seed batch 1.4 µs slower in fp32 than 4 x 9 (0.7 µs faster in bf16), where
+nothing else set them apart (bench/results/20261202-mma-tile-shapes)."""
 MMA_TILE_TALL, MMA_TILE_WIDE = 2, 4.5
 """How much taller than wide, and wider than tall, an MMA tile may be (in patches): a
 tile's transpose ran 0.4-4 µs slower whenever it was the taller of the two (8 x 2 against
@@ -316,13 +320,13 @@ def _mma_tile_for(
 ) -> tuple[int, int, int] | None:
     """An MMA image's tile (patches down, across) and its bytes: of the shapes whose shared
     memory fits ``budget``, no more than ``MMA_TILE_TALL`` times taller than wide nor
-    ``MMA_TILE_WIDE`` times wider than tall, nor larger than the grid, the one with the
-    least estimated work: its tiles' products (``measure``) plus ``MMA_TILE_OVERHEAD`` a
-    tile; among equals the wider, then the shorter. A wider (or taller) tile needs more
-    shared memory, so a row of shapes stops at the first that does not fit, and the search
-    at a height whose narrowest shape does not."""
+    ``MMA_TILE_WIDE`` times wider than tall, nor larger than the grid or ``MMA_TILE_SIDE``,
+    the one with the least estimated work: its tiles' products (``measure``) plus
+    ``MMA_TILE_OVERHEAD`` a tile; among equals the wider, then the shorter. A wider (or
+    taller) tile needs more shared memory, so a row of shapes stops at the first that does
+    not fit, and the search at a height whose narrowest shape does not."""
     grid_h = job.patches // job.grid_w
-    most = _MMA_MAX_BLOCKS * 16 // patch  # patches along a side
+    most = max(1, MMA_TILE_SIDE // patch)  # patches along a side
     best: tuple[tuple[float, int, int], tuple[int, int, int]] | None = None
     for a in range(1, min(grid_h, most) + 1):
         narrowest = -(-a // MMA_TILE_TALL)

@@ -591,6 +591,8 @@ def test_mma_tile_search_finds_the_least_work_of_all_allowed_shapes(
                 continue
             if a > D.MMA_TILE_TALL * b or b > D.MMA_TILE_WIDE * a:
                 continue
+            if max(a, b) > D.MMA_TILE_SIDE // p:
+                continue
             tiles = -(-gh // a) * -(-gw // b)
             key = (tiles * (m[1] * a * b * p * p / 128 + D.MMA_TILE_OVERHEAD), -b, a)
             if best is None or key < best[0]:
