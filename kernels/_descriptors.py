@@ -125,21 +125,22 @@ MIXED_PLAIN_TILE = (8, 4)
 in a plain launch): fewer, larger tiles beside the MMA tiles made the 8-image mixed batch
 about 2 µs faster in both types on the H200, and 4 x 8 and 8 x 8 less so; in a plain launch
 8 x 4 was 1 µs slower (bench/results/20261201-staged-plain)."""
-MMA_TILE_OVERHEAD = 40
+MMA_TILE_OVERHEAD = 240
 """A tile's fixed cost (its record, staging latency, pass set-up, barriers) in the MMA
-measure's units (products of 128 outputs a channel): ``_mma_tile_for`` minimises the
-tiles' products plus this a tile. Fewer, larger tiles won on the H200: across 28 forced
-shapes of four batches the kernel time followed the tile count (about 7 µs per 1000
-tiles) more than the products (bench/results/20261202-mma-tile-shapes)."""
+measure's units, products of 128 outputs (all channels'): ``_mma_tile_for`` minimises the
+tiles' products plus this a tile. On the H200 a least-squares fit of 28 forced shapes of
+four batches put about 7 µs on 1000 tiles and 9-11 µs on a million IMMAs (three a
+product): 214-270 products a tile (bench/results/20261202-mma-tile-shapes)."""
 MMA_TILE_SIDE = 128
-"""The most canvas pixels along an MMA tile's side: 4 x 10 patches of 14 (140 pixels wide)
-ran the resized seed batch 1.4 µs slower in fp32 than 4 x 9 (0.7 µs faster in bf16), where
-nothing else set them apart (bench/results/20261202-mma-tile-shapes)."""
+"""The most canvas pixels along an MMA tile's side: with 4 x 10 patches of 14 (140 pixels
+wide, the least estimated work) the resized seed batch ran 2.2-2.7 µs slower in fp32 and
+0.6-1.0 µs slower in bf16 than with 4 x 9 on the H200 (bench/results/20261202-mma-tile-shapes)."""
 MMA_TILE_TALL, MMA_TILE_WIDE = 2, 4.5
-"""How much taller than wide, and wider than tall, an MMA tile may be (in patches): a
-tile's transpose ran 0.4-4 µs slower whenever it was the taller of the two (8 x 2 against
-2 x 8, 5 x 2 against 2 x 5, ...: its window has more, shorter rows to stage), and 2 x 9
-tiles were the fastest of the tall batch (bench/results/20261202-mma-tile-shapes)."""
+"""How much taller than wide, and wider than tall, an MMA tile may be (in patches): of a
+shape and its transpose, the taller ran 0.4-4.3 µs slower on the H200 in all six pairs
+measured (8 x 2 against 2 x 8, 5 x 2 against 2 x 5, ...; its window has more, shorter rows
+to stage, which is likely why), and 4.5 lets in 2 x 8 for the 4000 x 3000 photo, its
+fastest (bench/results/20261202-mma-tile-shapes)."""
 MMA_SMEM_BYTES = 143 * 512
 """The most shared memory one MMA tile's window planes (or output planes, which reuse them)
 and intermediate may take (more than 48 KiB makes the launcher opt in): 71.5 KiB, so three
@@ -321,8 +322,8 @@ def _mma_tile_for(
     """An MMA image's tile (patches down, across) and its bytes: of the shapes whose shared
     memory fits ``budget``, no more than ``MMA_TILE_TALL`` times taller than wide nor
     ``MMA_TILE_WIDE`` times wider than tall, nor larger than the grid or ``MMA_TILE_SIDE``,
-    the one with the least estimated work: its tiles' products (``measure``) plus
-    ``MMA_TILE_OVERHEAD`` a tile; among equals the wider, then the shorter. A wider (or
+    the one with the least estimated work: its tiles' products (``measure``, a channel's)
+    plus ``MMA_TILE_OVERHEAD`` a tile; among equals the wider, then the shorter. A wider (or
     taller) tile needs more shared memory, so a row of shapes stops at the first that does
     not fit, and the search at a height whose narrowest shape does not."""
     grid_h = job.patches // job.grid_w
@@ -337,7 +338,8 @@ def _mma_tile_for(
             if m[0] > budget:
                 break
             tiles = -(-grid_h // a) * -(-job.grid_w // b)
-            work = tiles * (m[1] * a * b * patch * patch / 128 + MMA_TILE_OVERHEAD)
+            products = job.ch * m[1] * a * b * patch * patch / 128
+            work = tiles * (products + MMA_TILE_OVERHEAD)
             key = (work, -b, a)
             if best is None or key < best[0]:
                 best = (key, (a, b, m[0]))

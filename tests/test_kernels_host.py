@@ -594,7 +594,8 @@ def test_mma_tile_search_finds_the_least_work_of_all_allowed_shapes(
             if max(a, b) > D.MMA_TILE_SIDE // p:
                 continue
             tiles = -(-gh // a) * -(-gw // b)
-            key = (tiles * (m[1] * a * b * p * p / 128 + D.MMA_TILE_OVERHEAD), -b, a)
+            work = tiles * (ch * m[1] * a * b * p * p / 128 + D.MMA_TILE_OVERHEAD)
+            key = (work, -b, a)
             if best is None or key < best[0]:
                 best = (key, (a, b, m[0]))
     assert best is not None
