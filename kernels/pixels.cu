@@ -515,11 +515,13 @@ __device__ __forceinline__ void stage_row(const u8* __restrict__ s, int n, bool 
 
 // NB <= 8 bytes at p as two words (bytes past NB undefined), from the aligned words that
 // hold at least one of them (as load_words: nothing unmapped, nothing past the last byte's).
+// SHARED: p is in shared memory; its word is found by pointer arithmetic, not through an
+// integer, so nvcc keeps the shared address space (32-bit LDS, where the integer's round
+// trip made generic 64-bit loads and address arithmetic).
 template <int NB, bool SHARED = false>
 __device__ __forceinline__ void load_bytes(const u8* p, unsigned (&out)[2]) {
-  const unsigned long long at = (unsigned long long)p;
-  const unsigned* w = (const unsigned*)(at & ~3ull);
-  const unsigned skew = (unsigned)(at & 3ull);
+  const unsigned skew = (unsigned)((unsigned long long)p & 3ull);
+  const unsigned* w = (const unsigned*)(p - skew);
   const unsigned words = (skew + NB + 3) >> 2;  // 1 .. 3
   auto word = [&](int i) {  // SHARED: p is in shared memory
     if constexpr (SHARED) {
