@@ -322,10 +322,10 @@ def _mma_tile_for(
     """An MMA image's tile (patches down, across) and its bytes: of the shapes whose shared
     memory fits ``budget``, no more than ``MMA_TILE_TALL`` times taller than wide nor
     ``MMA_TILE_WIDE`` times wider than tall, nor larger than the grid or ``MMA_TILE_SIDE``,
-    the one with the least estimated work: its tiles' products (``measure``, a channel's)
-    plus ``MMA_TILE_OVERHEAD`` a tile; among equals the wider, then the shorter. A wider (or
-    taller) tile needs more shared memory, so a row of shapes stops at the first that does
-    not fit, and the search at a height whose narrowest shape does not."""
+    the one with the least estimated work: its tiles' products (``measure`` counts a
+    channel's) plus ``MMA_TILE_OVERHEAD`` a tile; among equals the wider, then the shorter.
+    A wider (or taller) tile needs more shared memory, so a row of shapes stops at the first
+    that does not fit, and the search at a height whose narrowest shape does not."""
     grid_h = job.patches // job.grid_w
     most = max(1, MMA_TILE_SIDE // patch)  # patches along a side
     best: tuple[tuple[float, int, int], tuple[int, int, int]] | None = None
