@@ -392,14 +392,21 @@ def _mma_reach(c: Any, size: int, starts: Any, tile: int, block: int = 16) -> tu
     return int(used.max()), int(steps.max())
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=1024)
+def _axis_reach(
+    in_size: int, out_size: int, tile: int, tiles: int, block: int = 16
+) -> tuple[int, int]:
+    """``_mma_reach`` of an axis cut into ``tiles`` tiles of ``tile`` outputs (cached: the
+    tile search measures each shape's axes, and the narrow rule asks for the same reach)."""
+    c = bicubic_coefficients(in_size, out_size)
+    return _mma_reach(c, out_size, np.arange(tiles) * tile, tile, block)
+
+
 def _narrow_fits(in_size: int, out_size: int, tile: int, tiles: int) -> bool:
     """Whether an MMA axis cut into ``tiles`` tiles of ``tile`` outputs has 16-output blocks
     of two 32-input steps and 8-output blocks of one step each (``MMA_NARROW``)."""
-    c = bicubic_coefficients(in_size, out_size)
-    starts = np.arange(tiles) * tile
-    return _mma_reach(c, out_size, starts, tile)[1] > 1 and (
-        _mma_reach(c, out_size, starts, tile, 8)[1] == 1
+    return _axis_reach(in_size, out_size, tile, tiles)[1] > 1 and (
+        _axis_reach(in_size, out_size, tile, tiles, 8)[1] == 1
     )
 
 
@@ -417,8 +424,6 @@ def _mma_raw(job: ImageJob, v_first: bool, src_offset: int) -> bool:
 
 
 def _mma_measure(job: ImageJob, patch: int, v_first: bool, raw: bool = False) -> Measure:
-    cx = bicubic_coefficients(job.in_w, job.out_w)
-    cy = bicubic_coefficients(job.in_h, job.out_h)
     grid_h = job.patches // job.grid_w
 
     def measure(tile: tuple[int, int]) -> tuple[int, float] | None:
@@ -426,10 +431,11 @@ def _mma_measure(job: ImageJob, patch: int, v_first: bool, raw: bool = False) ->
         my, mx = -(-th // 16), -(-tw // 16)
         if max(my, mx) > _MMA_MAX_BLOCKS:
             return None
-        ur, sy = _mma_reach(cy, job.out_h, np.arange(0, grid_h, tile[0]) * patch, th)
-        uc, sx = _mma_reach(cx, job.out_w, np.arange(0, job.grid_w, tile[1]) * patch, tw)
-        nx = _narrow(job.in_w, job.out_w, tw, -(-job.grid_w // tile[1]))
-        ny = _narrow(job.in_h, job.out_h, th, -(-grid_h // tile[0]))
+        tiles_h, tiles_w = -(-grid_h // tile[0]), -(-job.grid_w // tile[1])
+        ur, sy = _axis_reach(job.in_h, job.out_h, th, tiles_h)
+        uc, sx = _axis_reach(job.in_w, job.out_w, tw, tiles_w)
+        nx = _narrow(job.in_w, job.out_w, tw, tiles_w)
+        ny = _narrow(job.in_h, job.out_h, th, tiles_h)
         sx, sy = (1 if nx else sx), (1 if ny else sy)  # narrow blocks take one step
         ks = max(sx, sy)
         if ks > _MMA_STEPS:
