@@ -29,6 +29,14 @@ __all__ = [
     "layout_of",
 ]
 
+NORM_VALUES = 3 * 256
+NORM_HEADER = 16
+"""Elements of the output's storage type after each normalise table: ``(u32 mode, f32
+a[3], f32 b[3])`` and padding (32 bytes after a 16-bit table, 64 after an fp32 one), the
+same count for every type so the descriptors do not depend on it (``_affine``)."""
+NORM_STRIDE = NORM_VALUES + NORM_HEADER
+"""A table's elements with its header: the ``TABLE`` field steps by this."""
+
 FIELDS: tuple[str, ...] = (
     "SRC_OFF",
     "IN_W",
@@ -144,10 +152,11 @@ fastest (bench/results/20261202-mma-tile-shapes)."""
 MMA_SMEM_BYTES = 143 * 512
 """The most shared memory one MMA tile's window planes (or output planes, which reuse them)
 and intermediate may take (more than 48 KiB makes the launcher opt in): 71.5 KiB, so three
-blocks a multiprocessor of 228 KiB (H100, H200) with the blocks' static 3.3 KiB and the 1
-KiB the driver reserves for each. Larger tiles at two blocks measured slower on the H200
-(bench/results/20261201-mma-weights); 71.5 rather than 71 KiB lets the 8-image mixed
-batch's 4000 x 3000 photo take 2 x 8 tiles (bench/results/20261202-mma-tile-shapes)."""
+blocks a multiprocessor of 228 KiB (H100, H200) with the blocks' static 3.4 KiB (an fp32
+table with its header, and the descriptor row) and the 1 KiB the driver reserves for each.
+Larger tiles at two blocks measured slower on the H200 (bench/results/20261201-mma-weights);
+71.5 rather than 71 KiB lets the 8-image mixed batch's 4000 x 3000 photo take 2 x 8 tiles
+(bench/results/20261202-mma-tile-shapes)."""
 _MMA_STEPS = 2
 """``MMA_KS`` in ``pixels.cu``: the most 32-input steps one block of 16 outputs may read
 (downscales to about 0.35 of a side); an image needing more takes the general kernel."""
@@ -885,7 +894,7 @@ def layout_of(
             "Y_KSIZE": y[3],
             "OUT_ROW": out_rows,
             "OUT_OFF": out,
-            "TABLE": job.table * 3 * 256,
+            "TABLE": job.table * NORM_STRIDE,
             "ROW": patches if job.row is None else job.row,
             "GRID_H": grid_h,
             "TILE_START": 0,  # set below, once the tiles are grouped by channels

@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from mmwire.materialize._pipeline import _table
 from mmwire.transport import PreprocessSpec
 
+from ._affine import table_rows
 from ._descriptors import (
     MMA_SMEM_BYTES,
     RECORD_FIELDS,
@@ -127,15 +127,21 @@ def _default_launcher(device: torch.device) -> CupyLauncher:
     return CupyLauncher(device)
 
 
+NORM_AFFINE = True
+"""Whether bf16 and fp16 launches compute the normalise step where the host proved an
+affine form equal to the table (``_affine``); False keeps the tables (tests, A/B runs)."""
+
+
 @lru_cache(maxsize=64)
 def _device_tables(
     stats: tuple[tuple[tuple[float, float, float], tuple[float, float, float]], ...],
     dtype: torch.dtype,
     device: torch.device,
+    affine: bool,
 ) -> torch.Tensor:
-    """The launch's normalise tables ``(G, 3, 256)`` as the output dtype's bit patterns."""
-    tables = torch.stack([_table(mean, std, dtype) for mean, std in stats])
-    return tables.view(_STORAGE[_BITS[dtype]]).contiguous().to(device)
+    """The launch's normalise tables ``(G, NORM_STRIDE)`` as the output dtype's bit patterns,
+    each with its header (``_affine.table_rows``)."""
+    return table_rows(stats, dtype, affine).to(device)
 
 
 def _launcher_for(device: torch.device, launcher: Launcher | None) -> Launcher:
@@ -268,7 +274,7 @@ def preprocess_packed(
         _check_out(out, jobs, p, dtype, device)  # everything is checked before any launch
     run = _launcher_for(device, launcher)
     desc, tab, grids, tiles, records = _device_layout(layout, device)
-    table = _device_tables(plan.stats, dtype, device)
+    table = _device_tables(plan.stats, dtype, device, NORM_AFFINE)
     # the global intermediate, when some image needs it (else the kernels never read it)
     mid = (
         torch.empty(layout.mid_bytes, dtype=torch.uint8, device=device) if layout.mid_bytes else src

@@ -395,6 +395,110 @@ __device__ __forceinline__ bool wide_units(const T* out) {
   return sizeof(T) == 4 && ((unsigned long long)out & (WIDE_UNIT_BYTES - 1)) == 0;
 }
 
+// ---- Normalise: a byte of plane c to the output's bits ----
+// Every launch's tables are rows of NORM_STRIDE elements (T): the (3, 256) table, then a
+// header of NORM_HEADER elements whose first words are (u32 mode, f32 a[3], f32 b[3]).
+// The table (TableNorm, copied into shared memory) serves every type. For the 16-bit types
+// the host also tries fma(v, a[c], b[c]) in fp32, rounded once to bf16 or fp16, and where
+// that equals the table on all 768 bytes (kernels/_affine.py; it does for the usual means
+// and deviations) the header's mode says so and the MMA and plain tiles compute it
+// (AffineNorm): a byte-to-float permute, a subtract and an FMA a value and one conversion a
+// pair, where the table took a shared load and its addressing.
+#define NORM_VALUES 768
+#define NORM_HEADER 16
+#define NORM_STRIDE (NORM_VALUES + NORM_HEADER)
+#define NORM_TABLE 0
+#define NORM_BF16 1
+#define NORM_F16 2
+
+template <typename T>
+struct TableNorm {
+  using V = T;  // what a value is held as until its store
+  const T* tb;
+  __device__ __forceinline__ T operator()(int c, int v) const { return tb[256 * c + v]; }
+  // byte k of w
+  __device__ __forceinline__ T byte(int c, unsigned w, int k) const {
+    return tb[256 * c + ((w >> (8 * k)) & 255u)];
+  }
+  template <int N>
+  __device__ __forceinline__ void store(T* __restrict__ o, const T (&r)[N]) const {
+    store_run<N>(o, r);
+  }
+};
+
+#ifndef MMWIRE_HOST_SHIM
+// lo and hi rounded to bf16 (FMT NORM_BF16) or fp16 (NORM_F16), nearest even, as the low
+// and high half of a word (cvt.rn puts its first operand in the high half).
+template <int FMT>
+__device__ __forceinline__ unsigned pack_halves(float lo, float hi) {
+  unsigned r;
+  if constexpr (FMT == NORM_BF16) {
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  } else {
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  }
+  return r;
+}
+#endif
+
+template <int FMT>
+struct AffineNorm {
+  using V = float;
+  float a[3], b[3];
+  // 2^23 + byte k of w as a float (one permute), less 2^23: the byte, exactly
+  __device__ __forceinline__ float byte(int c, unsigned w, int k) const {
+    const float x = __fsub_rn(__uint_as_float(__byte_perm(w, 0x4b000000u, 0x7440u | k)),
+                              8388608.0f);
+    return __fmaf_rn(x, a[c], b[c]);
+  }
+  __device__ __forceinline__ float operator()(int c, int v) const {
+    return byte(c, (unsigned)v, 0);
+  }
+  template <int N>
+  __device__ __forceinline__ void store(unsigned short* __restrict__ o,
+                                        const float (&r)[N]) const {
+    unsigned short h[N];
+    if constexpr (N == 1) {
+      h[0] = (unsigned short)pack_halves<FMT>(r[0], 0.0f);
+    } else {
+#pragma unroll
+      for (int i = 0; i < N; i += 2) {
+        const unsigned w = pack_halves<FMT>(r[i], r[i + 1]);
+        h[i] = (unsigned short)w;
+        h[i + 1] = (unsigned short)(w >> 16);
+      }
+    }
+    store_run<N>(o, h);
+  }
+};
+
+// f(norm) with the normaliser the table tb (NORM_STRIDE values in shared memory) asks for:
+// the table itself, or for the 16-bit types its affine form.
+template <typename T, typename F>
+__device__ __forceinline__ void with_norm(const T* tb, F f) {
+  if constexpr (sizeof(T) == 2) {
+    const unsigned* h = (const unsigned*)(tb + NORM_VALUES);
+    const unsigned mode = h[0];
+    if (mode != NORM_TABLE) {
+      auto affine = [&](auto norm) {
+#pragma unroll
+        for (int c = 0; c < 3; ++c) {
+          norm.a[c] = __uint_as_float(h[1 + c]);
+          norm.b[c] = __uint_as_float(h[4 + c]);
+        }
+        f(norm);
+      };
+      if (mode == NORM_BF16) {
+        affine(AffineNorm<NORM_BF16>());
+      } else {
+        affine(AffineNorm<NORM_F16>());
+      }
+      return;
+    }
+  }
+  f(TableNorm<T>{tb});
+}
+
 template <int N>
 struct Int {
   static constexpr int value = N;
@@ -631,14 +735,29 @@ __device__ __forceinline__ void for_each_unit(int p, int nph, int npw, int gw, F
   }
 }
 
-// The table values of a run of V pixels of a source row from s, n of them in the image (the
-// rest is padding), the first at canvas pixel (y, x): plane c's into r[c][at ..].
-template <int CH, int V, bool SHARED, int N, typename T>
+// The normalised values of a run of V pixels of a source row from s, n of them in the image
+// (the rest is padding), the first at canvas pixel (y, x): plane c's into r[c][at ..].
+template <int CH, int V, bool SHARED, int N, typename Norm>
 __device__ __forceinline__ void run_values(const u8* __restrict__ s, int n, const i64* d, int y,
-                                           int x, const T* tb, T (&r)[3][N], int at) {
-  int v[V][4];
-  if (n == V) {
-    unsigned w[2];
+                                           int x, const Norm& norm,
+                                           typename Norm::V (&r)[3][N], int at) {
+  unsigned w[2];
+  if constexpr (CH != 4) {  // gray and RGB: each value from its byte (gray's fills 3 planes)
+    if (n == V) {
+      load_bytes<V * CH, SHARED>(s, w);
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+#pragma unroll
+        for (int c = 0; c < 3; ++c) {
+          const int b = i * CH + (CH == 1 ? 0 : c);
+          r[c][at + i] = norm.byte(c, w[b >> 2], b & 3);
+        }
+      }
+      return;
+    }
+  }
+  int v[V][4] = {};  // (set below where used: zeroed only for the host compiler's sake)
+  if (CH == 4 && n == V) {
     load_bytes<V * CH, SHARED>(s, w);
 #pragma unroll
     for (int i = 0; i < V; ++i) {
@@ -659,7 +778,7 @@ __device__ __forceinline__ void run_values(const u8* __restrict__ s, int n, cons
     int rgb[3] = {0, 0, 0};
     if (i < n) to_rgb<CH>(d, y, x + i, v[i], rgb);
 #pragma unroll
-    for (int c = 0; c < 3; ++c) r[c][at + i] = tb[256 * c + rgb[c]];
+    for (int c = 0; c < 3; ++c) r[c][at + i] = norm(c, rgb[c]);
   }
 }
 
@@ -689,8 +808,8 @@ struct SourceRows {
 // tile's first patch; (vh, vw) the part of the tile inside the image. The block's threads
 // are its (x, y), the plain launch's block being (p / V, 256 / (p / V)); FLAT (a mixed
 // launch's (32, 8) block) lays its threads out that way, by their index.
-template <int CH, int V, bool FLAT, typename Rows, typename T>
-__device__ __forceinline__ void plain_runs(const Rows& rows, const i64* d, const T* tb,
+template <int CH, int V, bool FLAT, typename Rows, typename Norm, typename T>
+__device__ __forceinline__ void plain_runs(const Rows& rows, const i64* d, const Norm& norm,
                                            T* __restrict__ o0, int p, int gw, int nph, int npw,
                                            int vh, int vw, int y0, int x0) {
   int tx = threadIdx.x, ty = threadIdx.y, bx = blockDim.x, by = blockDim.y;
@@ -709,10 +828,10 @@ __device__ __forceinline__ void plain_runs(const Rows& rows, const i64* d, const
     const u8* s = rows.row(ry) + cx * CH;
     for (int px = tx * V; px < p; px += bx * V) {
       const int n = ry < vh ? min(V, vw - cx - px) : 0;  // pixels of the run in the image
-      T r[3][V];
-      run_values<CH, V, Rows::SHARED>(s + px * CH, n, d, y0 + ry, x0 + cx + px, tb, r, 0);
+      typename Norm::V r[3][V];
+      run_values<CH, V, Rows::SHARED>(s + px * CH, n, d, y0 + ry, x0 + cx + px, norm, r, 0);
 #pragma unroll
-      for (int c = 0; c < 3; ++c) store_run<V>(o + c * pp + px, r[c]);
+      for (int c = 0; c < 3; ++c) norm.template store<V>(o + c * pp + px, r[c]);
     }
   }
 }
@@ -721,8 +840,8 @@ __device__ __forceinline__ void plain_runs(const Rows& rows, const i64* d, const
 // thread takes units (above) instead of a pixel pair of each patch row it walks, so each
 // plane's four values go out in one store, of 8 or 16 bytes (fp32 from the source keeps
 // the pairs: its units measured slower; RGBA too: its composite needs the registers).
-template <int CH, int U, typename Rows, typename T>
-__device__ __forceinline__ void plain_units(const Rows& rows, const i64* d, const T* tb,
+template <int CH, int U, typename Rows, typename Norm, typename T>
+__device__ __forceinline__ void plain_units(const Rows& rows, const i64* d, const Norm& norm,
                                             T* __restrict__ o0, int p, int gw, int nph, int npw,
                                             int vh, int vw, int y0, int x0) {
   const int pp = p * p;
@@ -731,16 +850,16 @@ __device__ __forceinline__ void plain_units(const Rows& rows, const i64* d, cons
   // bottom edges take the general loop)
   auto units = [&](auto inside) {
     for_each_unit<U>(p, nph, npw, gw, [&](const int (&ry)[U / 2], const int (&cx)[U / 2], int at) {
-      T r[3][U];
+      typename Norm::V r[3][U];
 #pragma unroll
       for (int run = 0; run < U / 2; ++run) {
         // the run's pixels in the image
         const int n = decltype(inside)::value ? 2 : ry[run] < vh ? min(2, vw - cx[run]) : 0;
         run_values<CH, 2, Rows::SHARED>(rows.row(ry[run]) + cx[run] * CH, n, d, y0 + ry[run],
-                                        x0 + cx[run], tb, r, 2 * run);
+                                        x0 + cx[run], norm, r, 2 * run);
       }
 #pragma unroll
-      for (int c = 0; c < 3; ++c) store_run<U>(o0 + at + c * pp, r[c]);
+      for (int c = 0; c < 3; ++c) norm.template store<U>(o0 + at + c * pp, r[c]);
     });
   };
   if (vh == nph * p && vw == npw * p) {
@@ -1389,7 +1508,7 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
   const int* fy = tab + rec[R_Y_WORDS];
   // the image's normalise table into tb as 8-byte words, and for RGBA its descriptor into
   // d: loaded now, stored after the window's loads (the staging barrier covers them)
-  constexpr int TW = (int)(3 * 256 * sizeof(T) / 8);
+  constexpr int TW = (int)(NORM_STRIDE * sizeof(T) / 8);
   const u64* words = (const u64*)(table + rec[R_TABLE]);
   const u64 tw0 = tid < TW ? words[tid] : 0, tw1 = tid + nt < TW ? words[tid + nt] : 0;
   const i64* row = desc + (i64)rec[R_IMAGE] * NF;
@@ -1568,10 +1687,11 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
   // composited first, inside the resized image only)
   T* o0 = out + (i64)rec[R_PATCH] * 3 * p * p;  // patch offsets are 32-bit
   const int pp = p * p, gw = rec[R_GRID_W];
-  auto write_units = [&](auto unit) {
+  auto write_units = [&](auto unit, auto norm) {
     constexpr int U = decltype(unit)::value;
+    using Norm = decltype(norm);
     for_each_unit<U>(p, nph, npw, gw, [&](const int (&ry)[U / 2], const int (&cx)[U / 2], int at) {
-      T r[3][U];
+      typename Norm::V r[3][U];
 #pragma unroll
       for (int run = 0; run < U / 2; ++run) {
         const u8* b = ob + ry[run] * op + cx[run];
@@ -1587,26 +1707,28 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
             for (int c = 0; c < 4; ++c) v[c] = (int)((pair[c] >> (8 * i)) & 255u);
             if (y < (int)d[OUT_H] && x + i < (int)d[OUT_W]) to_rgb<4>(d, y, x + i, v, rgb);
 #pragma unroll
-            for (int c = 0; c < 3; ++c) r[c][2 * run + i] = tb[256 * c + rgb[c]];
+            for (int c = 0; c < 3; ++c) r[c][2 * run + i] = norm(c, rgb[c]);
           }
         } else {
 #pragma unroll
           for (int c = 0; c < 3; ++c) {  // gray fills all three planes
             const unsigned pair = *(const unsigned short*)(b + (CH == 1 ? 0 : c * out_plane));
-            r[c][2 * run] = tb[256 * c + (pair & 255u)];
-            r[c][2 * run + 1] = tb[256 * c + (pair >> 8)];
+            r[c][2 * run] = norm.byte(c, pair, 0);
+            r[c][2 * run + 1] = norm.byte(c, pair, 1);
           }
         }
       }
 #pragma unroll
-      for (int c = 0; c < 3; ++c) store_run<U>(o0 + at + c * pp, r[c]);
+      for (int c = 0; c < 3; ++c) norm.template store<U>(o0 + at + c * pp, r[c]);
     });
   };
-  if (wide_units(out)) {
-    write_units(Int<4>());
-  } else {
-    write_units(Int<UNIT_BYTES / sizeof(T)>());
-  }
+  with_norm(tb, [&](auto norm) __attribute__((always_inline)) {
+    if (wide_units(out)) {
+      write_units(Int<4>(), norm);
+    } else {
+      write_units(Int<UNIT_BYTES / sizeof(T)>(), norm);
+    }
+  });
 }
 
 // One unresized tile (a PLAIN or MIXED launch's; FLAT for MIXED's blocks: plain_runs) from
@@ -1627,8 +1749,8 @@ __device__ __forceinline__ void plain_tile(const u8* __restrict__ src,
                                            const i64* __restrict__ desc,
                                            const T* __restrict__ table, const int (&rec)[NR],
                                            i64* d, T* tb, T* __restrict__ out, int p, u8* sm) {
-  // the table as 8-byte words
-  block_copy((u64*)tb, (const u64*)(table + rec[R_TABLE]), (int)(3 * 256 * sizeof(T) / 8));
+  // the table and its header as 8-byte words
+  block_copy((u64*)tb, (const u64*)(table + rec[R_TABLE]), (int)(NORM_STRIDE * sizeof(T) / 8));
   if constexpr (CH == 4) block_copy(d, desc + (i64)rec[R_IMAGE] * NF, NF);
   const int row = rec[R_ROW_BYTES], nph = rec[R_TILE_H], npw = rec[R_TILE_W];
   const int gw = rec[R_GRID_W], vh = rec[R_USED_H], vw = rec[R_USED_W];
@@ -1644,21 +1766,24 @@ __device__ __forceinline__ void plain_tile(const u8* __restrict__ src,
     copy_wait();
   }
   __syncthreads();  // the block's normalise table (RGBA's d, and the staged pixels) in place
-  if constexpr (STAGE) {
-    if ((p & 1) != 0) {
-      plain_runs<CH, 1, FLAT>(staged, d, tb, o0, p, gw, nph, npw, vh, vw, y0, x0);
-    } else if (sizeof(T) == 2 || wide_units(out)) {  // 16-bit: 8-byte units, as unstaged
-      plain_units<CH, 4>(staged, d, tb, o0, p, gw, nph, npw, vh, vw, y0, x0);
+  with_norm(tb, [&](auto nm) __attribute__((always_inline)) {
+    if constexpr (STAGE) {
+      if ((p & 1) != 0) {
+        plain_runs<CH, 1, FLAT>(staged, d, nm, o0, p, gw, nph, npw, vh, vw, y0, x0);
+      } else if (sizeof(T) == 2 || wide_units(out)) {  // 16-bit: 8-byte units, as unstaged
+        plain_units<CH, 4>(staged, d, nm, o0, p, gw, nph, npw, vh, vw, y0, x0);
+      } else {
+        plain_runs<CH, 2, FLAT>(staged, d, nm, o0, p, gw, nph, npw, vh, vw, y0, x0);
+      }
+    } else if ((p & 1) != 0) {
+      plain_runs<CH, 1, FLAT>(source, d, nm, o0, p, gw, nph, npw, vh, vw, y0, x0);
+    } else if constexpr (CH == 4) {
+      plain_runs<CH, 2, FLAT>(source, d, nm, o0, p, gw, nph, npw, vh, vw, y0, x0);
     } else {
-      plain_runs<CH, 2, FLAT>(staged, d, tb, o0, p, gw, nph, npw, vh, vw, y0, x0);
+      plain_units<CH, UNIT_BYTES / sizeof(T)>(source, d, nm, o0, p, gw, nph, npw, vh, vw, y0,
+                                              x0);
     }
-  } else if ((p & 1) != 0) {
-    plain_runs<CH, 1, FLAT>(source, d, tb, o0, p, gw, nph, npw, vh, vw, y0, x0);
-  } else if constexpr (CH == 4) {
-    plain_runs<CH, 2, FLAT>(source, d, tb, o0, p, gw, nph, npw, vh, vw, y0, x0);
-  } else {
-    plain_units<CH, UNIT_BYTES / sizeof(T)>(source, d, tb, o0, p, gw, nph, npw, vh, vw, y0, x0);
-  }
+  });
 }
 
 // One tile of one image: patches (gy0 .. gy0 + nph) x (gx0 .. gx0 + npw) of its canvas.
@@ -1853,9 +1978,9 @@ __global__ void __launch_bounds__(FUSED_THREADS, KIND == PLAIN ? FUSED_PLAIN_MIN
           const int* __restrict__ tiles, T* __restrict__ out, int p, int first_tile,
           int overlapping) {
   __shared__ i64 d[NF];
-  __shared__ __align__(8) T tb[3 * 256];
+  __shared__ __align__(8) T tb[NORM_STRIDE];
   let_next_launch_start();
-  [&] {  // the tile
+  [&]() __attribute__((always_inline)) {  // the tile (inlined: nvcc made a call of it)
     if constexpr (KIND != GENERAL) {  // its record (five 16-byte loads)
       int rec[NR];
       const uint4* at = (const uint4*)tiles + (i64)blockIdx.x * (NR / 4);
@@ -1885,7 +2010,7 @@ __global__ void __launch_bounds__(FUSED_THREADS, KIND == PLAIN ? FUSED_PLAIN_MIN
     block_copy(d, desc + (i64)tiles[t] * NF, NF);
     __syncthreads();
     const int tile = t - (int)d[TILE_START];
-    // the table as 8-byte words (each image's starts at a multiple of 768 values)
+    // the table as 8-byte words (each image's starts at a multiple of NORM_STRIDE values)
     block_copy((u64*)tb, (const u64*)(table + d[TABLE]), (int)(3 * 256 * sizeof(T) / 8));
     fused_tile<CH, T>(src, mid, d, tab, tb, out, tile, p, dynamic_smem());
   }();

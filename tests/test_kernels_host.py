@@ -621,6 +621,49 @@ def test_host_kernels_equal_the_cpu_path(
     assert differing(got_pv, want_pv) == 0
 
 
+def test_norm_layout_matches_the_cuda_defines() -> None:
+    from mmwire.kernels._descriptors import NORM_HEADER, NORM_STRIDE, NORM_VALUES
+
+    text = SOURCE.read_text()
+    defines = dict(re.findall(r"#define (NORM_\w+) (\S+)", text))
+    assert int(defines["NORM_VALUES"]) == NORM_VALUES
+    assert int(defines["NORM_HEADER"]) == NORM_HEADER
+    assert NORM_STRIDE == NORM_VALUES + NORM_HEADER
+    assert (defines["NORM_TABLE"], defines["NORM_BF16"], defines["NORM_F16"]) == ("0", "1", "2")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_16_bit_launches_compute_the_normalise_step_where_it_was_proved(
+    dtype: torch.dtype,
+) -> None:
+    # so the cases above run the affine path in the 16-bit types (and the test below the
+    # tables)
+    stats = (((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),)
+    mode = {torch.bfloat16: 1, torch.float16: 2}[dtype]
+    for affine, want in ((True, mode), (False, 0)):
+        rows = _ops._device_tables(stats, dtype, torch.device("cpu"), affine)
+        assert int(rows[0, 768:770].contiguous().view(torch.int32)[0]) == want
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize(
+    "name", ["rgb_distinct", "rgba_chessboard", "gray", "odd_patch", "plain_and_mma"]
+)
+def test_host_16_bit_kernels_through_the_tables_equal_the_cpu_path(
+    host: HostLauncher,
+    rng: np.random.Generator,
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    dtype: torch.dtype,
+) -> None:
+    # with no affine form claimed the 16-bit kernels read the tables, as fp32 always does
+    monkeypatch.setattr(_ops, "NORM_AFFINE", False)
+    items = case(name, rng)
+    want_pv, _ = reference(items, dtype)
+    got_pv, _ = kernels(items, dtype, "cpu", host)
+    assert differing(got_pv, want_pv) == 0
+
+
 @pytest.mark.parametrize("block", [(1, 1), (14, 14), (32, 1), (3, 11)])
 @pytest.mark.parametrize("name", ["rgb_distinct", "pass_order_flip", "mixed_configs"])
 def test_host_fused_kernel_gives_the_same_bytes_for_any_block_shape(

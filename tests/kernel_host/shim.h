@@ -80,6 +80,31 @@ static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline float __fsub_rn(float a, float b) { return a - b; }
 static inline float __fdividef(float a, float b) { return a / b; }
+static inline float __fmaf_rn(float a, float b, float c) { return std::fmaf(a, b, c); }
+static inline float __uint_as_float(unsigned u) {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// cvt.rn.bf16x2.f32 (FMT 1, NORM_BF16) and cvt.rn.f16x2.f32 (NORM_F16): lo and hi rounded to
+// nearest even, as a word's low and high half. bf16 keeps the top half of the fp32 bits,
+// rounded (the affine map's values are finite: the host checks); fp16 through _Float16.
+static inline unsigned mmwire_half_bits(int fmt, float x) {
+  if (fmt == 1) {
+    unsigned u;
+    std::memcpy(&u, &x, sizeof u);
+    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  }
+  const _Float16 h = (_Float16)x;
+  unsigned short b;
+  std::memcpy(&b, &h, sizeof b);
+  return b;
+}
+template <int FMT>
+static inline unsigned pack_halves(float lo, float hi) {
+  return mmwire_half_bits(FMT, lo) | mmwire_half_bits(FMT, hi) << 16;
+}
 
 // The warp-level int8 matrix product of the tensor-core passes (mma.sync m16n8k32, s32
 // accumulators): the 32 lanes of a warp (consecutive threads of the block) post their
