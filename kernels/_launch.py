@@ -1,9 +1,12 @@
 """Loading ``pixels.cu`` with CuPy and launching it on torch's current stream.
 
-The module is compiled once per process and device (CuPy also caches the binary on
-disk). Buffers are torch tensors; CuPy sees them through ``__cuda_array_interface__``
-without a copy, and the launches go on ``torch.cuda.current_stream()`` so they order with
-the caller's torch work and need no synchronisation.
+The module is compiled once per process, device and patch size (CuPy also caches the
+binary on disk): a module for one patch size has it as a constant (``MMWIRE_PATCH``), so
+its divisions by it become multiplies (the bf16 mixed batch ran 0.7-1.2 µs faster so:
+bench/results/20261202-affine-normalise). Buffers are torch tensors; CuPy sees them
+through ``__cuda_array_interface__`` without a copy, and the launches go on
+``torch.cuda.current_stream()`` so they order with the caller's torch work and need no
+synchronisation.
 """
 
 from __future__ import annotations
@@ -92,8 +95,14 @@ class Launcher(Protocol):
         start while that one finishes (the kernel orders its end after that one's)."""
 
 
+PATCH_MODULES = True
+"""Whether the fused launches take a module compiled for their patch size; False runs every
+size through the one module that takes it as an argument (A/B runs)."""
+
+
 @cache
-def _module(device_index: int) -> Any:
+def _module(device_index: int, patch: int = 0) -> Any:
+    """``pixels.cu`` compiled for one device; for one patch size, or any (``patch`` 0)."""
     try:
         import cupy
     except ImportError as e:
@@ -103,7 +112,7 @@ def _module(device_index: int) -> Any:
     with cupy.cuda.Device(device_index):
         module = cupy.RawModule(
             code=SOURCE.read_text(),
-            options=("-std=c++17",),
+            options=("-std=c++17", f"-DMMWIRE_PATCH={patch}"),
             name_expressions=tuple(_FUSED.values()),
         )
         module.compile()
@@ -132,7 +141,9 @@ class CupyLauncher:
     """Launches on one CUDA device, on torch's current stream for that device.
 
     Buffers go to the kernels as raw device pointers of torch tensors (no wrapper object
-    per call); the CuPy stream wrapping each torch stream is made once and kept.
+    per call); the CuPy stream wrapping each torch stream is made once and kept. Modules
+    are compiled when a launch first needs them: one a patch size the fused launches use,
+    whose resize passes also serve the resize-only launches.
     """
 
     def __init__(self, device: torch.device) -> None:
@@ -140,13 +151,10 @@ class CupyLauncher:
             raise BackendUnavailable(f"the CUDA kernels need a CUDA device, got {device}")
         self._index = device.index if device.index is not None else torch.cuda.current_device()
         self.device = torch.device("cuda", self._index)
-        module = _module(self._index)
-        self._functions = {
-            name: module.get_function(name)
-            for name in ("resize_pass1", "resize_pass2", *_FUSED.values())
-        }
+        self._functions: dict[tuple[str, int], Any] = {}  # (name, module's patch): kernel
         self._streams: dict[int, Any] = {}
-        self._dynamic_smem: dict[str, int] = {}  # what each kernel may take now, once asked
+        # what each kernel may take now, once asked
+        self._dynamic_smem: dict[tuple[str, int], int] = {}
         capability = torch.cuda.get_device_capability(self._index)
         self._tensor_cores = capability >= (8, 0)
         self._overlap = capability >= (9, 0) and _launch_ex() is not None
@@ -154,6 +162,19 @@ class CupyLauncher:
     @property
     def tensor_cores(self) -> bool:
         return self._tensor_cores
+
+    def _function(self, name: str, patch: int | None) -> tuple[Any, tuple[str, int]]:
+        """The kernel ``name`` from the module for ``patch`` (None: any module loaded)."""
+        if patch is None:
+            loaded = [key[1] for key in self._functions]
+            patch = loaded[0] if loaded else 0
+        elif not PATCH_MODULES:
+            patch = 0
+        key = (name, patch)
+        fn = self._functions.get(key)
+        if fn is None:
+            fn = self._functions[key] = _module(self._index, patch).get_function(name)
+        return fn, key
 
     def _launch(
         self,
@@ -163,6 +184,7 @@ class CupyLauncher:
         args: tuple[Any, ...],
         smem: int = 0,
         overlap: bool = False,
+        patch: int | None = None,
     ) -> None:
         if grid[0] <= 0 or grid[1] <= 0:
             return
@@ -175,16 +197,16 @@ class CupyLauncher:
         stream = self._streams.get(handle)
         if stream is None:
             stream = self._streams[handle] = _cupy_stream(handle, self._index)
-        fn = self._functions[name]
         with cupy.cuda.Device(self._index), stream:
+            fn, key = self._function(name, patch)
             # opt in past what the kernel may take: 48 KiB less its own static arrays, so
             # a launch can need it with less than 48 KiB of dynamic shared memory
-            allowed = self._dynamic_smem.get(name)
+            allowed = self._dynamic_smem.get(key)
             if allowed is None:
-                allowed = self._dynamic_smem[name] = fn.max_dynamic_shared_size_bytes
+                allowed = self._dynamic_smem[key] = fn.max_dynamic_shared_size_bytes
             if smem > allowed:
                 fn.max_dynamic_shared_size_bytes = smem
-                self._dynamic_smem[name] = smem
+                self._dynamic_smem[key] = smem
             if overlap:
                 _launch_overlapping(fn, grid, block, args, smem, handle)
             else:
@@ -237,7 +259,7 @@ class CupyLauncher:
         overlap = overlap and self._overlap
         ints = (np.int32(patch), np.int32(first_tile), np.int32(overlap))
         args = (src, mid, desc, tab, table, tiles, out, *ints)
-        self._launch(_FUSED[bits, channels, kind], grid, block, args, smem, overlap)
+        self._launch(_FUSED[bits, channels, kind], grid, block, args, smem, overlap, patch)
 
 
 @cache

@@ -1964,6 +1964,12 @@ __device__ __forceinline__ void wait_for_previous_launch() {
 // fewer registers, so more resident blocks hide its loads. MMA tiles of up to 71 KiB fit
 // three blocks a multiprocessor (MMA_SMEM_BYTES), so they take the registers of three, and
 // so do MIXED launches.
+// A module compiled for one patch size (-DMMWIRE_PATCH=p, _launch._module) has it as a
+// constant: its divisions by p and by a patch's units become multiplies and its plane
+// offsets immediates. 0: the patch argument, any size.
+#ifndef MMWIRE_PATCH
+#define MMWIRE_PATCH 0
+#endif
 #define FUSED_THREADS 256
 #define FUSED_MIN_BLOCKS 5
 #define FUSED_PLAIN_MIN_BLOCKS 8
@@ -1975,8 +1981,9 @@ __global__ void __launch_bounds__(FUSED_THREADS, KIND == PLAIN ? FUSED_PLAIN_MIN
                                                                    : FUSED_MMA_MIN_BLOCKS)
     fused(const u8* __restrict__ src, const u8* __restrict__ mid, const i64* __restrict__ desc,
           const int* __restrict__ tab, const T* __restrict__ table,
-          const int* __restrict__ tiles, T* __restrict__ out, int p, int first_tile,
+          const int* __restrict__ tiles, T* __restrict__ out, int patch, int first_tile,
           int overlapping) {
+  const int p = MMWIRE_PATCH != 0 ? MMWIRE_PATCH : patch;
   __shared__ i64 d[NF];
   __shared__ __align__(8) T tb[NORM_STRIDE];
   let_next_launch_start();

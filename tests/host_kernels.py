@@ -16,12 +16,13 @@ from mmwire.kernels._descriptors import KINDS, Kind
 HERE = Path(__file__).resolve().parent / "kernel_host"
 
 
-def build(out_dir: Path) -> Path:
-    """Compile the host build of ``pixels.cu`` into ``out_dir``; returns the library path."""
+def build(out_dir: Path, patch: int = 0) -> Path:
+    """Compile the host build of ``pixels.cu`` into ``out_dir``, for one patch size or any
+    (0: ``MMWIRE_PATCH``, as ``_launch._module``); returns the library path."""
     cxx = shutil.which("g++") or shutil.which("c++")
     if cxx is None:
         raise RuntimeError("a C++ compiler is needed to run the kernels on the CPU")
-    lib = out_dir / "pixels_host.so"
+    lib = out_dir / f"pixels_host_{patch}.so"
     subprocess.run(
         [
             cxx,
@@ -36,6 +37,7 @@ def build(out_dir: Path) -> Path:
             "-shared",
             "-fPIC",
             f'-DPIXELS_CU="{SOURCE}"',
+            f"-DMMWIRE_PATCH={patch}",
             "-I",
             str(HERE),
             str(HERE / "driver.cpp"),

@@ -74,6 +74,38 @@ def test_cuda_kernels_equal_the_cpu_path(rng: np.random.Generator, name: str, dt
     assert differing(got_pv, want_pv) == 0
 
 
+@pytest.mark.parametrize(
+    ("patch_modules", "affine", "dtype"),
+    [
+        (False, True, "float32"),
+        (False, True, "bfloat16"),
+        (True, False, "bfloat16"),
+        (True, False, "float16"),
+    ],
+    ids=["any-patch-fp32", "any-patch-bf16", "tables-bf16", "tables-fp16"],
+)
+def test_cuda_kernels_of_either_module_and_normalise_equal_the_cpu_path(
+    rng: np.random.Generator,
+    monkeypatch: pytest.MonkeyPatch,
+    patch_modules: bool,
+    affine: bool,
+    dtype: str,
+) -> None:
+    # the cases above run the module compiled for their patch size and, in the 16-bit
+    # types, the affine normalise; here the module that takes the size as an argument, and
+    # the 16-bit tables
+    from kernel_cases import case, differing, kernels, reference
+    from mmwire.kernels import _launch, _ops
+
+    monkeypatch.setattr(_launch, "PATCH_MODULES", patch_modules)
+    monkeypatch.setattr(_ops, "NORM_AFFINE", affine)
+    for name in ("rgb_distinct", "rgba_chessboard", "narrow_blocks", "plain_and_mma"):
+        items = case(name, rng)
+        want_pv, _ = reference(items, getattr(torch, dtype))
+        got_pv, _ = kernels(items, getattr(torch, dtype), "cuda")
+        assert differing(got_pv, want_pv) == 0, name
+
+
 def test_cuda_mma_kernel_stages_planes_from_a_source_off_a_word(rng: np.random.Generator) -> None:
     # tiles planned raw (R_RAW: cp.async of 16-byte granules, word loads of the rows) need
     # the source on a word; one byte off, the kernel must stage channel planes instead

@@ -664,6 +664,30 @@ def test_host_16_bit_kernels_through_the_tables_equal_the_cpu_path(
     assert differing(got_pv, want_pv) == 0
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_host_kernels_compiled_for_the_patch_size_equal_the_cpu_path(
+    tmp_path_factory: pytest.TempPathFactory, rng: np.random.Generator, dtype: torch.dtype
+) -> None:
+    # the build the launcher compiles for p = 14 (MMWIRE_PATCH), its size a constant:
+    # plain, MMA and mixed launches, both pass orders, RGBA, gray
+    host14 = HostLauncher(_lib14(tmp_path_factory))
+    for name in ("rgb_distinct", "rgba_chessboard", "pass_order_flip", "plain_and_mma"):
+        items = case(name, rng)
+        assert {cfg.patch_size for _, cfg in items} == {14}
+        want_pv, _ = reference(items, dtype)
+        got_pv, _ = kernels(items, dtype, "cpu", host14)
+        assert differing(got_pv, want_pv) == 0, name
+
+
+_LIB14: list[Path] = []
+
+
+def _lib14(factory: pytest.TempPathFactory) -> Path:
+    if not _LIB14:
+        _LIB14.append(build(factory.mktemp("kernels14"), patch=14))
+    return _LIB14[0]
+
+
 @pytest.mark.parametrize("block", [(1, 1), (14, 14), (32, 1), (3, 11)])
 @pytest.mark.parametrize("name", ["rgb_distinct", "pass_order_flip", "mixed_configs"])
 def test_host_fused_kernel_gives_the_same_bytes_for_any_block_shape(
