@@ -50,7 +50,16 @@ def _fma_f32(a: np.float32, b: np.float32) -> np.ndarray[Any, Any] | None:
     if np.any(error != 0) or not np.all(np.isfinite(total)):
         return None
     values: np.ndarray[Any, Any] = total.astype(np.float32)
+    # NVRTC's build flushes fp32 subnormals to zero (FADD.FTZ, FFMA.FTZ in the SASS): no
+    # operand or result may be one
+    if any(_subnormal(np.asarray(x, np.float32)) for x in (a, b, values)):
+        return None
     return values
+
+
+def _subnormal(x: np.ndarray[Any, Any]) -> bool:
+    tiny = np.finfo(np.float32).tiny
+    return bool(np.any((x != 0) & (np.abs(x) < tiny)))
 
 
 def affine_form(

@@ -74,6 +74,13 @@ def test_a_form_is_refused_where_a_value_leaves_the_types_range() -> None:
         assert (affine_form(mean, std, table, dtype) is not None) == fits
 
 
+def test_a_form_is_refused_where_an_operand_would_be_flushed_to_zero() -> None:
+    # std 1e37: a = 1/(255 std) is an fp32 subnormal, which the GPU's FTZ build reads as 0
+    mean, std = 0.0, 1e37
+    table = _table((mean,) * 3, (std,) * 3, torch.bfloat16).view(torch.int16).numpy()[0]
+    assert affine_form(mean, std, table, torch.bfloat16) is None
+
+
 def test_a_form_is_refused_where_no_candidate_matches() -> None:
     # the Kimi table shifted by one step at one byte: no fma of fp32 a, b gives it
     table = _table(*KIMI, torch.bfloat16).view(torch.int16).numpy()[0].copy()
