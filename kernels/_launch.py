@@ -2,7 +2,7 @@
 
 The module is compiled once per process, device and patch size (CuPy also caches the
 binary on disk): a module for one patch size has it as a constant (``MMWIRE_PATCH``), so
-its divisions by it become multiplies (the bf16 mixed batch ran 0.7-1.2 µs faster so:
+its divisions by it become multiplies (the bf16 mixed batch ran 0.7-1.3 µs faster so:
 bench/results/20261202-affine-normalise). Buffers are torch tensors; CuPy sees them
 through ``__cuda_array_interface__`` without a copy, and the launches go on
 ``torch.cuda.current_stream()`` so they order with the caller's torch work and need no
@@ -141,17 +141,22 @@ class CupyLauncher:
     """Launches on one CUDA device, on torch's current stream for that device.
 
     Buffers go to the kernels as raw device pointers of torch tensors (no wrapper object
-    per call); the CuPy stream wrapping each torch stream is made once and kept. Modules
-    are compiled when a launch first needs them: one a patch size the fused launches use,
-    whose resize passes also serve the resize-only launches.
+    per call); the CuPy stream wrapping each torch stream is made once and kept. A module
+    is compiled for each patch size the fused launches use: those of ``patches`` up front
+    (Kimi's 14 by default, so a serving process pays the compile at start, not on its first
+    batch), any other at its first launch. The resize-only launches take the first module
+    compiled.
     """
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, patches: tuple[int, ...] = (14,)) -> None:
         if device.type != "cuda":
             raise BackendUnavailable(f"the CUDA kernels need a CUDA device, got {device}")
         self._index = device.index if device.index is not None else torch.cuda.current_device()
         self.device = torch.device("cuda", self._index)
         self._functions: dict[tuple[str, int], Any] = {}  # (name, module's patch): kernel
+        self._modules = [p if PATCH_MODULES else 0 for p in patches] or [0]  # compiled here
+        for patch in self._modules:
+            _module(self._index, patch)
         self._streams: dict[int, Any] = {}
         # what each kernel may take now, once asked
         self._dynamic_smem: dict[tuple[str, int], int] = {}
@@ -164,16 +169,17 @@ class CupyLauncher:
         return self._tensor_cores
 
     def _function(self, name: str, patch: int | None) -> tuple[Any, tuple[str, int]]:
-        """The kernel ``name`` from the module for ``patch`` (None: any module loaded)."""
+        """The kernel ``name`` from the module for ``patch`` (None: the first compiled here)."""
         if patch is None:
-            loaded = [key[1] for key in self._functions]
-            patch = loaded[0] if loaded else 0
+            patch = self._modules[0]
         elif not PATCH_MODULES:
             patch = 0
         key = (name, patch)
         fn = self._functions.get(key)
         if fn is None:
             fn = self._functions[key] = _module(self._index, patch).get_function(name)
+            if patch not in self._modules:
+                self._modules.append(patch)
         return fn, key
 
     def _launch(

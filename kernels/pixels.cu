@@ -9,7 +9,9 @@
 //   * background composite: float32, every operation rounded on its own (__fmul_rn /
 //     __fadd_rn / __fdiv_rn, so nvcc cannot contract anything into an FMA).
 //   * normalise: a per-channel 256-entry table of the output dtype, computed on the host by
-//     the CPU path; the kernel copies its bit patterns (T is the storage type: 32 or 16 bits).
+//     the CPU path; the kernel copies its bit patterns (T is the storage type: 32 or 16 bits),
+//     or for bf16 and fp16 computes the affine form the host proved equal to it on every
+//     byte (see "Normalise" below).
 //
 // Every image is described by one row of NF int64 fields (the order is mirrored in
 // kernels/_descriptors.py and checked by tests/test_kernels_host.py).
@@ -1943,6 +1945,13 @@ __device__ __forceinline__ void wait_for_previous_launch() {
 #endif
 }
 
+// A module compiled for one patch size (-DMMWIRE_PATCH=p, _launch._module) has it as a
+// constant: its divisions by p and by a patch's units become multiplies and its plane
+// offsets immediates. 0: the patch argument, any size.
+#ifndef MMWIRE_PATCH
+#define MMWIRE_PATCH 0
+#endif
+
 // The whole pixel pipeline (after resize_pass1 for images that are not TILED): resize,
 // composite, zero pad, normalise and patchify into (sum patches, 3, p, p). Grid: one block
 // per tile, one launch per channel count and kind (`tiles` names each tile's image, this
@@ -1964,12 +1973,6 @@ __device__ __forceinline__ void wait_for_previous_launch() {
 // fewer registers, so more resident blocks hide its loads. MMA tiles of up to 71 KiB fit
 // three blocks a multiprocessor (MMA_SMEM_BYTES), so they take the registers of three, and
 // so do MIXED launches.
-// A module compiled for one patch size (-DMMWIRE_PATCH=p, _launch._module) has it as a
-// constant: its divisions by p and by a patch's units become multiplies and its plane
-// offsets immediates. 0: the patch argument, any size.
-#ifndef MMWIRE_PATCH
-#define MMWIRE_PATCH 0
-#endif
 #define FUSED_THREADS 256
 #define FUSED_MIN_BLOCKS 5
 #define FUSED_PLAIN_MIN_BLOCKS 8
