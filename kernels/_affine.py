@@ -105,13 +105,13 @@ def _header(
         return words
     table = _table(mean, std, dtype).view(torch.int16).numpy()
     forms = [affine_form(mean[c], std[c], table[c], dtype) for c in range(3)]
-    if any(f is None for f in forms):
+    found = [f for f in forms if f is not None]
+    if len(found) != 3:
         return words
     words[0] = _MODES[dtype]
-    for c, form in enumerate(forms):
-        assert form is not None
-        words[1 + c] = np.float32(form[0]).view(np.uint32)
-        words[4 + c] = np.float32(form[1]).view(np.uint32)
+    for c, (a, b) in enumerate(found):
+        words[1 + c] = np.float32(a).view(np.uint32)
+        words[4 + c] = np.float32(b).view(np.uint32)
     return words
 
 
