@@ -36,7 +36,13 @@ from mmwire.kernels import (
     preprocess_packed,
     resize_packed,
 )
-from mmwire.kernels._descriptors import MIXED_PLAIN_TILE, MIXED_TAIL
+from mmwire.kernels._descriptors import (
+    MIXED_PLAIN_TILE,
+    MIXED_TAIL,
+    NORM_HEADER,
+    NORM_STRIDE,
+    NORM_VALUES,
+)
 from mmwire.materialize import bicubic_coefficients, resize_reference
 from PIL import Image
 
@@ -49,6 +55,12 @@ def host_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def host(host_lib: Path) -> HostLauncher:
     return HostLauncher(host_lib)
+
+
+@pytest.fixture(scope="module")
+def host14(tmp_path_factory: pytest.TempPathFactory) -> HostLauncher:
+    """The build the launcher compiles for p = 14 (``MMWIRE_PATCH``)."""
+    return HostLauncher(build(tmp_path_factory.mktemp("kernels14"), patch=14))
 
 
 @pytest.mark.parametrize(
@@ -622,8 +634,6 @@ def test_host_kernels_equal_the_cpu_path(
 
 
 def test_norm_layout_matches_the_cuda_defines() -> None:
-    from mmwire.kernels._descriptors import NORM_HEADER, NORM_STRIDE, NORM_VALUES
-
     text = SOURCE.read_text()
     defines = dict(re.findall(r"#define (NORM_\w+) (\S+)", text))
     assert int(defines["NORM_VALUES"]) == NORM_VALUES
@@ -642,7 +652,7 @@ def test_16_bit_launches_compute_the_normalise_step_where_it_was_proved(
     mode = {torch.bfloat16: 1, torch.float16: 2}[dtype]
     for affine, want in ((True, mode), (False, 0)):
         rows = _ops._device_tables(stats, dtype, torch.device("cpu"), affine)
-        assert int(rows[0, 768:770].contiguous().view(torch.int32)[0]) == want
+        assert int(rows[0, NORM_VALUES : NORM_VALUES + 2].view(torch.int32)[0]) == want
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
@@ -666,26 +676,15 @@ def test_host_16_bit_kernels_through_the_tables_equal_the_cpu_path(
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_host_kernels_compiled_for_the_patch_size_equal_the_cpu_path(
-    tmp_path_factory: pytest.TempPathFactory, rng: np.random.Generator, dtype: torch.dtype
+    host14: HostLauncher, rng: np.random.Generator, dtype: torch.dtype
 ) -> None:
-    # the build the launcher compiles for p = 14 (MMWIRE_PATCH), its size a constant:
-    # plain, MMA and mixed launches, both pass orders, RGBA, gray
-    host14 = HostLauncher(_lib14(tmp_path_factory))
+    # p a constant: plain, MMA and mixed launches, both pass orders, RGBA, gray
     for name in ("rgb_distinct", "rgba_chessboard", "pass_order_flip", "plain_and_mma"):
         items = case(name, rng)
         assert {cfg.patch_size for _, cfg in items} == {14}
         want_pv, _ = reference(items, dtype)
         got_pv, _ = kernels(items, dtype, "cpu", host14)
         assert differing(got_pv, want_pv) == 0, name
-
-
-_LIB14: list[Path] = []
-
-
-def _lib14(factory: pytest.TempPathFactory) -> Path:
-    if not _LIB14:
-        _LIB14.append(build(factory.mktemp("kernels14"), patch=14))
-    return _LIB14[0]
 
 
 @pytest.mark.parametrize("block", [(1, 1), (14, 14), (32, 1), (3, 11)])
