@@ -2021,7 +2021,7 @@ __global__ void __launch_bounds__(FUSED_THREADS, KIND == PLAIN ? FUSED_PLAIN_MIN
     __syncthreads();
     const int tile = t - (int)d[TILE_START];
     // the table as 8-byte words (each image's starts at a multiple of NORM_STRIDE values)
-    block_copy((u64*)tb, (const u64*)(table + d[TABLE]), (int)(3 * 256 * sizeof(T) / 8));
+    block_copy((u64*)tb, (const u64*)(table + d[TABLE]), (int)(NORM_VALUES * sizeof(T) / 8));
     fused_tile<CH, T>(src, mid, d, tab, tb, out, tile, p, dynamic_smem());
   }();
   // overlapping (the host launched this one to overlap the call's launch before it): the
