@@ -8,6 +8,10 @@ round it once to the 16-bit type, which takes fewer instructions and no shared l
 that is only the same bytes if it is for every ``v``. So the host tries it on all 768 bytes
 of a table, exactly as the GPU rounds, and puts ``a`` and ``b`` in the header only where
 every one matches (``NORM_*`` in ``pixels.cu``). Anything else keeps the table.
+
+The kernels read a byte ``v`` as the fp32 whose bits 16..23 it is, ``v 2^-133`` exactly,
+which saves the subtraction that ``2^23 + v`` would need; so the header holds
+``a 2^133`` (:data:`BYTE_SCALE`), and a form is claimed only where that is finite.
 """
 
 from __future__ import annotations
@@ -22,10 +26,12 @@ from mmwire.materialize._pipeline import _table
 
 from ._descriptors import NORM_HEADER, NORM_STRIDE, NORM_VALUES
 
-__all__ = ["NORM_HEADER", "NORM_STRIDE", "NORM_VALUES", "affine_form", "table_rows"]
+__all__ = ["BYTE_SCALE", "NORM_HEADER", "NORM_STRIDE", "NORM_VALUES", "affine_form", "table_rows"]
 
 _MODES = {torch.bfloat16: 1, torch.float16: 2}  # NORM_BF16, NORM_F16; 0 is NORM_TABLE
 _BYTES = np.arange(256, dtype=np.float64)
+BYTE_SCALE = 2.0**133
+"""The header's ``a`` is the form's times this: the kernel's byte is ``v / BYTE_SCALE``."""
 _NEIGHBOURS = 2
 """How many fp32 steps either side of the rounded ``1/(255 std)`` and ``-mean/std`` to try."""
 
@@ -50,8 +56,8 @@ def _fma_f32(a: np.float32, b: np.float32) -> np.ndarray[Any, Any] | None:
     if np.any(error != 0) or not np.all(np.isfinite(total)):
         return None
     values: np.ndarray[Any, Any] = total.astype(np.float32)
-    # NVRTC's build flushes fp32 subnormals to zero (FADD.FTZ, FFMA.FTZ in the SASS): no
-    # operand or result may be one
+    # no operand or result may be an fp32 subnormal: NVRTC's build flushes them (FFMA.FTZ);
+    # the kernel's own FMA keeps them (fma_subnormal), but the claim stays clear of them
     if any(_subnormal(np.asarray(x, np.float32)) for x in (a, b, values)):
         return None
     return values
@@ -99,18 +105,22 @@ def _step(x: np.float32, n: int) -> np.float32:
 def _header(
     mean: tuple[float, float, float], std: tuple[float, float, float], dtype: torch.dtype
 ) -> np.ndarray[Any, Any]:
-    """The header's 8 words (u32 mode, f32 a[3], f32 b[3], 0) for one table."""
+    """The header's 8 words (u32 mode, f32 a[3] times BYTE_SCALE, f32 b[3], 0) for one
+    table."""
     words = np.zeros(8, np.uint32)
     if dtype not in _MODES:
         return words
     table = _table(mean, std, dtype).view(torch.int16).numpy()
     forms = [affine_form(mean[c], std[c], table[c], dtype) for c in range(3)]
     found = [f for f in forms if f is not None]
-    if len(found) != 3:
+    # a 2^133 is exact where finite (a power of two times a normal fp32); past 2^128 (a of
+    # 2^-5 or more: std below about 0.126) the kernel's byte cannot carry the form
+    scaled = [np.float64(a) * BYTE_SCALE for a, _ in found]
+    if len(found) != 3 or max(abs(x) for x in scaled) > np.finfo(np.float32).max:
         return words
     words[0] = _MODES[dtype]
-    for c, (a, b) in enumerate(found):
-        words[1 + c] = np.float32(a).view(np.uint32)
+    for c, (a_scaled, (_, b)) in enumerate(zip(scaled, found, strict=True)):
+        words[1 + c] = np.float32(a_scaled).view(np.uint32)
         words[4 + c] = np.float32(b).view(np.uint32)
     return words
 

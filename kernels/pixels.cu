@@ -404,8 +404,13 @@ __device__ __forceinline__ bool wide_units(const T* out) {
 // the host also tries fma(v, a[c], b[c]) in fp32, rounded once to bf16 or fp16, and where
 // that equals the table on all 768 bytes (kernels/_affine.py; it does for the usual means
 // and deviations) the header's mode says so and the MMA and plain tiles compute it
-// (AffineNorm): a byte-to-float permute, a subtract and an FMA a value and one conversion a
-// pair, where the table took a shared load and its addressing.
+// (AffineNorm): a byte-to-float permute and an FMA a value and one conversion a pair, where
+// the table took a shared load and its addressing. The permute puts the byte v in the bits
+// 16 .. 23 of a word, which as an fp32 is v 2^-133 exactly (a subnormal below 128, the
+// least normal exponent from 128 on), and the header's a is the form's times 2^133, so the
+// FMA's exact product is v a and its one rounding the form's (a 2^-133 of at most 2^-5,
+// else the host keeps the table). It needs an FMA that keeps subnormal operands
+// (fma_subnormal), where the build's own flushes them.
 #define NORM_VALUES 768
 #define NORM_HEADER 16
 #define NORM_STRIDE (NORM_VALUES + NORM_HEADER)
@@ -429,6 +434,14 @@ struct TableNorm {
 };
 
 #ifndef MMWIRE_HOST_SHIM
+// fma(x, y, z) rounded once to nearest even, subnormal operands and results as they are:
+// the PTX instruction without .ftz (the build's C++ float operations flush them).
+__device__ __forceinline__ float fma_subnormal(float x, float y, float z) {
+  float r;
+  asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(r) : "f"(x), "f"(y), "f"(z));
+  return r;
+}
+
 // lo and hi rounded to bf16 (FMT NORM_BF16) or fp16 (NORM_F16), nearest even, as the low
 // and high half of a word (cvt.rn puts its first operand in the high half).
 template <int FMT>
@@ -446,12 +459,12 @@ __device__ __forceinline__ unsigned pack_halves(float lo, float hi) {
 template <int FMT>
 struct AffineNorm {
   using V = float;
-  float a[3], b[3];
-  // 2^23 + byte k of w as a float (one permute), less 2^23: the byte, exactly
+  float a[3], b[3];  // a: the form's times 2^133
+  // byte k of w as bits 16 .. 23 of an fp32, the rest 0 (one permute): the byte times
+  // 2^-133, exactly; times a, plus b, rounded once
   __device__ __forceinline__ float byte(int c, unsigned w, int k) const {
-    const float x = __fsub_rn(__uint_as_float(__byte_perm(w, 0x4b000000u, 0x7440u | k)),
-                              8388608.0f);
-    return __fmaf_rn(x, a[c], b[c]);
+    const float x = __uint_as_float(__byte_perm(w, 0u, 0x4044u | (k << 8)));
+    return fma_subnormal(x, a[c], b[c]);
   }
   __device__ __forceinline__ float operator()(int c, int v) const {
     return byte(c, (unsigned)v, 0);

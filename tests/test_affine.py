@@ -11,7 +11,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
-from mmwire.kernels._affine import NORM_STRIDE, NORM_VALUES, affine_form, table_rows
+from mmwire.kernels._affine import BYTE_SCALE, NORM_STRIDE, NORM_VALUES, affine_form, table_rows
 from mmwire.materialize._pipeline import _table
 
 KIMI = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
@@ -54,9 +54,12 @@ def test_a_claimed_affine_form_gives_every_byte_of_the_table(
     table = _table(*stats, dtype).view(torch.int16)
     assert torch.equal(rows[0, :NORM_VALUES].view(3, 256), table)
     for c in range(3):
+        # the kernel's operands: the byte as v 2^-133 and the header's a (the form's 2^133)
         a = Fraction(float(words[1 + c : 2 + c].view(np.float32)[0]))
         b = Fraction(float(words[4 + c : 5 + c].view(np.float32)[0]))
-        f32 = torch.tensor([_fp32(v * a + b) for v in range(256)], dtype=torch.float32)
+        byte = Fraction(1, 2**133)
+        assert Fraction(BYTE_SCALE) == 1 / byte
+        f32 = torch.tensor([_fp32(v * byte * a + b) for v in range(256)], dtype=torch.float32)
         assert torch.equal(f32.to(dtype).view(torch.int16), table[c])
 
 
@@ -74,8 +77,19 @@ def test_a_form_is_refused_where_a_value_leaves_the_types_range() -> None:
         assert (affine_form(mean, std, table, dtype) is not None) == fits
 
 
+def test_a_form_whose_scaled_a_is_past_fp32_keeps_the_table() -> None:
+    # std 0.1: a form exists (a = 0.039), but a 2^133 is past fp32's range, so the kernel's
+    # byte (v 2^-133) cannot carry it; std 0.13 (a = 0.030) still can
+    for std, claimed in ((0.1, False), (0.13, True)):
+        stats = ((0.5,) * 3, (std,) * 3)
+        table = _table(*stats, torch.bfloat16).view(torch.int16).numpy()[0]
+        assert affine_form(0.5, std, table, torch.bfloat16) is not None
+        assert (_header(table_rows((stats,), torch.bfloat16))[0] == 1) == claimed
+
+
 def test_a_form_is_refused_where_an_operand_would_be_flushed_to_zero() -> None:
     # std 1e37: a = 1/(255 std) is an fp32 subnormal, which the GPU's FTZ build reads as 0
+    # (the kernel's FMA would keep it, but a claim stays clear of subnormals)
     mean, std = 0.0, 1e37
     table = _table((mean,) * 3, (std,) * 3, torch.bfloat16).view(torch.int16).numpy()[0]
     assert affine_form(mean, std, table, torch.bfloat16) is None

@@ -81,6 +81,9 @@ static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline float __fsub_rn(float a, float b) { return a - b; }
 static inline float __fdividef(float a, float b) { return a / b; }
 static inline float __fmaf_rn(float a, float b, float c) { return std::fmaf(a, b, c); }
+// the kernel's FMA that keeps subnormal operands, as the host's does (no -ffast-math here; a
+// process flushing them would fail the affine tests: bytes below 128 would all read as 0)
+static inline float fma_subnormal(float x, float y, float z) { return std::fmaf(x, y, z); }
 static inline float __uint_as_float(unsigned u) {
   float f;
   std::memcpy(&f, &u, sizeof f);
