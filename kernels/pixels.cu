@@ -953,6 +953,32 @@ __device__ __forceinline__ unsigned sat_pair(int lo, int hi) {
   return 0;
 #endif
 }
+
+// a, b, c and d clamped to 0 .. 255, as bytes 0 .. 3 of the result: two I2IP, the second
+// taking the first's pair as its upper half.
+__device__ __forceinline__ unsigned sat_quad(int a, int b, int c, int d) {
+#if __CUDA_ARCH__ >= 800
+  unsigned w;
+  asm("cvt.pack.sat.u8.s32.b32 %0, %1, %2, %3;" : "=r"(w) : "r"(b), "r"(a), "r"(sat_pair(c, d)));
+  return w;
+#else
+  __trap();  // MMA tiles only (compute capability 8.0 or more)
+  return 0;
+#endif
+}
+
+// The warp's 8 x 8 matrix of 16-bit elements transposed (movmatrix): lane (g, t) gives
+// row g, columns 2 t (low half) and 2 t + 1, and gets the same of the transpose.
+__device__ __forceinline__ unsigned transpose8x8(unsigned x) {
+#if __CUDA_ARCH__ >= 800
+  unsigned y;
+  asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
+  return y;
+#else
+  __trap();  // MMA tiles only (compute capability 8.0 or more)
+  return 0;
+#endif
+}
 #define MMWIRE_SMEM_CHECK(bytes)
 
 // 16 bytes from global to shared memory, both 16-aligned, without passing through registers
@@ -1153,8 +1179,8 @@ struct NarrowWeights {
 };
 
 // acc = the three byte planes' products of a narrow block's weights b with the pixels a
-// (A: lines g and g + 8, inputs 4 t.. and 16 + 4 t..), the high plane's (B signed) from
-// the rounding (MMA_BIAS_HIGH).
+// (A: rows g and g + 8, which are the N-block's lines 2 g and 2 g + 1 (lane_line), inputs
+// 4 t.. and 16 + 4 t..), the high plane's (B signed) from the rounding (MMA_BIAS_HIGH).
 __device__ __forceinline__ void narrow_products(const unsigned (&b)[3][2], const unsigned (&a)[4],
                                                 int (&acc)[3][4]) {
   mma_k32<false, true>(acc[0], a, b[0][0], b[0][1]);
@@ -1162,28 +1188,44 @@ __device__ __forceinline__ void narrow_products(const unsigned (&b)[3][2], const
   mma_k32<false, true, true>(acc[2], a, b[2][0], b[2][1], MMA_BIAS_HIGH);
 }
 
-// The planes' sums (the rounding is in the high plane's) as Pillow's accumulator, >> 22
-// (within -640 .. 639) and clamped to bytes, as two byte pairs (upper halves 0): v[r] holds
-// acc[.][2 r] (byte 0) and acc[.][2 r + 1] (byte 1).
-__device__ __forceinline__ void clamp_q22(const int (&acc)[3][4], unsigned (&v)[2]) {
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    int q[2];
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int x = 2 * r + e;
-      q[e] = (int)((unsigned)acc[0][x] + ((unsigned)acc[1][x] << 8) +
-                   ((unsigned)acc[2][x] << 16)) >> 22;
-    }
-    v[r] = sat_pair(q[0], q[1]);
-  }
+// Result x's planes' sums (the rounding is in the high plane's) as Pillow's accumulator,
+// >> 22: within -640 .. 639, to be clamped to a byte.
+__device__ __forceinline__ int q22(const int (&acc)[3][4], int x) {
+  return (int)((unsigned)acc[0][x] + ((unsigned)acc[1][x] << 8) + ((unsigned)acc[2][x] << 16)) >>
+         22;
 }
 
-// Where a pass finds its lines: line g of channel c's N-block lb (8 lines) starts at
-// base + c * plane + lb * step + g * pitch.
+// A task's four results clamped to bytes, as two byte pairs (upper halves 0): v[r] holds
+// result 2 r (byte 0) and 2 r + 1 (byte 1), the lane's row g (r = 0) and g + 8 of D.
+__device__ __forceinline__ void clamp_q22(const int (&acc)[3][4], unsigned (&v)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) v[r] = sat_pair(q22(acc, 2 * r), q22(acc, 2 * r + 1));
+}
+
+// A narrow task's four results clamped to bytes and turned by the warp so the lane holds
+// one output's four consecutive lines: D's rows g and g + 8 are lines 2 g and 2 g + 1
+// (lane_line), so the lane's word (lines 2 g, 2 g + 1 of output 2 t, then of 2 t + 1) is
+// row g, columns 2 t and 2 t + 1 of an 8 x 8 matrix of line pairs (row) by outputs
+// (column); transposed, lane (g, t) gets output g, lines 4 t .. 4 t + 3 (byte e = 4 t + e).
+__device__ __forceinline__ unsigned narrow_lines(const int (&acc)[3][4]) {
+  return transpose8x8(sat_quad(q22(acc, 0), q22(acc, 2), q22(acc, 1), q22(acc, 3)));
+}
+
+// The first line of an N-block a lane reads: g for wide blocks (B's column g), 2 g for
+// narrow ones (A's row g; its row g + 8 is line 2 g + 1), so that a narrow task's results
+// turn into words of four lines (narrow_lines).
+template <typename W>
+__device__ __forceinline__ int lane_line(int g) {
+  return W::NARROW ? 2 * g : g;
+}
+
+// Where a pass finds its lines: line l of channel c's N-block lb starts at base + c *
+// plane + lb * step + l * pitch, but for a narrow lane's second line (lane_line), which
+// starts `odd` bytes after its first (pitch, or more or less where a raw window's rows
+// have different skews).
 struct Lines {
   const u8* base;
-  int plane, step, pitch;
+  int plane, step, pitch, odd;
 };
 
 // A warp's contiguous run of a pass's (M-block, channel, N-block) tasks: `blocks` M-blocks
@@ -1246,21 +1288,21 @@ __device__ __forceinline__ void warp_tasks(const int* __restrict__ frags,
 // at a time (their loads and products interleave), in a loop compiled for the block's
 // number of 32-input steps: within a channel a task's lines and output move by adds,
 // nothing decided per task.
-// done(m, v) gets each task's place m and four clamped bytes as two byte pairs: v[0] at
-// output 16 j + g, lines 2 t (byte 0) and 2 t + 1 (byte 1) of the N-block; v[1] at output
-// 16 j + g + 8. W: WideWeights<the most 32-input steps of the tile's blocks>. ready(): the
-// barrier after which `in` is in place (warp_tasks calls it once the warp's first weights
-// are on their way).
+// done(m, acc) gets each task's place m and its D fragment acc (three planes' products):
+// rows output 16 j + g and 16 j + g + 8, columns lines 2 t and 2 t + 1 of the N-block.
+// W: WideWeights<the most 32-input steps of the tile's blocks>. ready(): the barrier after
+// which `in` is in place (warp_tasks calls it once the warp's first weights are on their
+// way).
 // W = NarrowWeights: blocks of 8 outputs, one step each, times N-blocks of 16 lines (the
-// pixels the A operand: a lane reads lines g and g + 8); v[0] then holds line g, outputs
-// 8 j + 2 t (byte 0) and 8 j + 2 t + 1 (byte 1), v[1] line g + 8.
+// pixels the A operand: a lane reads lines 2 g and 2 g + 1, lane_line); D's rows g and
+// g + 8 are then those lines, its columns outputs 8 j + 2 t and 8 j + 2 t + 1.
 template <int CH, typename W, typename Ready, typename OutAt, typename Done>
 __device__ __forceinline__ void mma_pass(const int* __restrict__ frags,
                                          const int* __restrict__ spans, int blocks, int lbs,
                                          const Lines& in, int out_plane, int out_step,
                                          Ready ready, OutAt out_at, Done done) {
   const int lane = (threadIdx.y * blockDim.x + threadIdx.x) & 31;
-  const u8* lane_in = in.base + (lane >> 2) * in.pitch + 4 * (lane & 3) - __ldg(spans);
+  const u8* lane_in = in.base + lane_line<W>(lane >> 2) * in.pitch + 4 * (lane & 3) - __ldg(spans);
   warp_tasks<CH, W>(frags, spans, blocks, lbs, ready, [&](auto most_steps, const W& w, int j,
                                                          int c, int lb, int n, int at) {
     [[maybe_unused]] constexpr int S = decltype(most_steps)::value;  // (wide blocks only)
@@ -1279,20 +1321,16 @@ __device__ __forceinline__ void mma_pass(const int* __restrict__ frags,
         for (int i = 0; i < N; ++i) {
           const u8* li = l + i * in.step;
           if constexpr (W::NARROW) {
-            const unsigned x[4] = {*(const unsigned*)li, *(const unsigned*)(li + 8 * in.pitch),
+            const unsigned x[4] = {*(const unsigned*)li, *(const unsigned*)(li + in.odd),
                                    *(const unsigned*)(li + 16),
-                                   *(const unsigned*)(li + 8 * in.pitch + 16)};
+                                   *(const unsigned*)(li + in.odd + 16)};
             narrow_products(w.b, x, acc[i]);
           } else {
             products<S>(w.a, li, acc[i]);
           }
         }
 #pragma unroll
-        for (int i = 0; i < N; ++i) {
-          unsigned v[2];
-          clamp_q22(acc[i], v);
-          done(o + i * out_step, v);
-        }
+        for (int i = 0; i < N; ++i) done(o + i * out_step, acc[i]);
       };
       int k = seg;
 #pragma unroll 1
@@ -1334,12 +1372,12 @@ __device__ __forceinline__ void rgb_products(const unsigned (&a)[3][KS][4], cons
 }
 
 // rgb_products for a narrow block (NarrowWeights b, one step): a lane's A words are rows l
-// and l + 8 pitch (lines g and g + 8), inputs 4 t.. and 16 + 4 t.., each 12 bytes split into
-// a word a channel.
+// and l + odd (lines 2 g and 2 g + 1, lane_line), inputs 4 t.. and 16 + 4 t.., each 12 bytes
+// split into a word a channel.
 __device__ __forceinline__ void rgb_narrow_products(const unsigned (&b)[3][2], const u8* l,
-                                                    int pitch, int (&acc)[3][3][4]) {
+                                                    int odd, int (&acc)[3][3][4]) {
   const unsigned* w0 = (const unsigned*)l;
-  const unsigned* w8 = (const unsigned*)(l + 8 * pitch);
+  const unsigned* w8 = (const unsigned*)(l + odd);
   unsigned x[4][3];
   split_rgb(w0[0], w0[1], w0[2], x[0]);
   split_rgb(w8[0], w8[1], w8[2], x[1]);
@@ -1356,13 +1394,14 @@ __device__ __forceinline__ void rgb_narrow_products(const unsigned (&b)[3][2], c
 // bytes, channels interleaved): as mma_pass over `blocks` M-blocks times `lbs` N-blocks of
 // 8 window rows, but a task takes all three channels of its N-block (rgb_products: one
 // set of loads serves them, and their products interleave), so the window needs no
-// planes. lines: where the lane's row g starts (its skew in the staged row included);
-// pitch: the window's row pitch. done(m, v) as mma_pass's, for each channel's output at
-// out_at(j) + c * out_plane. W as mma_pass's (narrow: N-blocks of 16 rows).
+// planes. lines: where the lane's row lane_line(g) starts (its skew in the staged row
+// included); odd: its second row's start from there (narrow); pitch: the window's row
+// pitch. done(m, acc) as mma_pass's, for each channel's output at out_at(j) + c *
+// out_plane. W as mma_pass's (narrow: N-blocks of 16 rows).
 template <typename W, typename Ready, typename OutAt, typename Done>
 __device__ __forceinline__ void mma_pass_rgb(const int* __restrict__ frags,
                                              const int* __restrict__ spans, int blocks, int lbs,
-                                             const u8* lines, int pitch, int out_plane,
+                                             const u8* lines, int odd, int pitch, int out_plane,
                                              int out_step, Ready ready, OutAt out_at,
                                              Done done) {
   const int lane = (threadIdx.y * blockDim.x + threadIdx.x) & 31;
@@ -1377,30 +1416,26 @@ __device__ __forceinline__ void mma_pass_rgb(const int* __restrict__ frags,
     for (int k = 0; k < n; ++k, l += step, o += out_step) {
       int acc[3][3][4];
       if constexpr (W::NARROW) {
-        rgb_narrow_products(w.b, l, pitch, acc);
+        rgb_narrow_products(w.b, l, odd, acc);
       } else {
         rgb_products<S>(w.a, l, acc);
       }
 #pragma unroll
-      for (int c = 0; c < 3; ++c) {
-        unsigned v[2];
-        clamp_q22(acc[c], v);
-        done(o + c * out_plane, v);
-      }
+      for (int c = 0; c < 3; ++c) done(o + c * out_plane, acc[c]);
     }
   });
 }
 
-// A task's clamped bytes (mma_pass's v) where a lane's two outputs of a line are neighbours:
-// each pair as one 16-bit store, at m and 8 rows of `pitch` below.
-__device__ __forceinline__ void store_pairs(u8* m, int pitch, const unsigned v[2]) {
+// A task's clamped bytes (clamp_q22's v) where each of D's rows is a pair of neighbours in
+// a row: each pair as one 16-bit store, at m and `below` bytes on.
+__device__ __forceinline__ void store_pairs(u8* m, int below, const unsigned v[2]) {
   *(unsigned short*)m = (unsigned short)v[0];
-  *(unsigned short*)(m + 8 * pitch) = (unsigned short)v[1];
+  *(unsigned short*)(m + below) = (unsigned short)v[1];
 }
 
-// A narrow task's clamped bytes (mma_pass's v with NarrowWeights) where a lane's two
-// outputs of a line are neighbouring rows of `pitch` and its lines g and g + 8 columns: at
-// m, m + pitch, m + 8 and m + pitch + 8.
+// A wide task's clamped bytes (clamp_q22's v) into rows of lines: its outputs g and g + 8
+// are columns 8 apart, its lines 2 t and 2 t + 1 neighbouring rows of `pitch`: at m,
+// m + pitch, m + 8 and m + pitch + 8.
 __device__ __forceinline__ void store_columns(u8* m, int pitch, const unsigned v[2]) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -1411,26 +1446,36 @@ __device__ __forceinline__ void store_columns(u8* m, int pitch, const unsigned v
 
 // Where a pass's lane puts its tasks' bytes in a plane of row pitch `pitch` at base, whose
 // rows are the pass's outputs (OUT_ROWS; its lines then the columns) or its lines: at(j),
-// the lane's place for block j's first task; step, an N-block on; store(m, v), a task's
-// bytes (mma_pass's v), as pairs where the lane's two bytes of a line are neighbours in a
-// row (wide blocks into rows of lines, narrow ones into rows of outputs), else one by one.
+// the lane's place for block j's first task; step, an N-block on; store(m, acc), a task's
+// bytes from its D fragment (mma_pass's acc): a narrow task's into rows of outputs as one
+// word of four lines (narrow_lines); into rows of the pass's outputs (wide) or of its
+// lines (narrow: rows 2 g and 2 g + 1), where a D row's two bytes are neighbours, as two
+// pairs; a wide task's into rows of lines byte by byte (store_columns).
 template <typename W, bool OUT_ROWS>
 struct LaneOut {
   u8* base;
   int pitch, g, t;
   __device__ __forceinline__ u8* at(int j) const {
     if constexpr (OUT_ROWS) {
-      return W::NARROW ? base + (8 * j + 2 * t) * pitch + g : base + (16 * j + g) * pitch + 2 * t;
+      return W::NARROW ? base + (8 * j + g) * pitch + 4 * t : base + (16 * j + g) * pitch + 2 * t;
     } else {
-      return W::NARROW ? base + g * pitch + 8 * j + 2 * t : base + 2 * t * pitch + 16 * j + g;
+      return W::NARROW ? base + 2 * g * pitch + 8 * j + 2 * t : base + 2 * t * pitch + 16 * j + g;
     }
   }
   __device__ __forceinline__ int step() const { return OUT_ROWS ? W::LINES : W::LINES * pitch; }
-  __device__ __forceinline__ void store(u8* m, const unsigned v[2]) const {
-    if constexpr (OUT_ROWS == W::NARROW) {
-      store_columns(m, pitch, v);
+  __device__ __forceinline__ void store(u8* m, const int (&acc)[3][4]) const {
+    if constexpr (OUT_ROWS && W::NARROW) {
+      *(unsigned*)m = narrow_lines(acc);
     } else {
-      store_pairs(m, pitch, v);
+      unsigned v[2];
+      clamp_q22(acc, v);
+      if constexpr (OUT_ROWS) {
+        store_pairs(m, 8 * pitch, v);
+      } else if constexpr (W::NARROW) {
+        store_pairs(m, pitch, v);
+      } else {
+        store_columns(m, pitch, v);
+      }
     }
   }
 };
@@ -1662,19 +1707,22 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
         const int blocks = (out1 + W::OUTPUTS - 1) / W::OUTPUTS, lbs = lines1 / W::LINES;
         const LaneOut<W, true> o{mid, mp, g, t};
         auto mid_at = [&](int j) { return o.at(j); };
-        auto to_mid = [&](u8* m, const unsigned v[2]) { o.store(m, v); };
-        if constexpr (RAW) {  // the lane's row g of the window (where copy_rows staged it)
-          const u8* lines = StagedRows{wp, (unsigned)(u64)s, (unsigned)rb}.row(g);
+        auto to_mid = [&](u8* m, const int (&acc)[3][4]) { o.store(m, acc); };
+        if constexpr (RAW) {  // the lane's rows of the window (where copy_rows staged them)
+          const StagedRows rows{wp, (unsigned)(u64)s, (unsigned)rb};
+          const int lg = lane_line<W>(g);
+          const u8* lines = rows.row(lg);
+          const int odd = (int)(rows.row(lg + 1) - lines);  // (narrow blocks' second line)
           if constexpr (CH == 3) {
-            mma_pass_rgb<W>(f1, s1, blocks, lbs, lines, wp, mid_plane, o.step(), staged,
+            mma_pass_rgb<W>(f1, s1, blocks, lbs, lines, odd, wp, mid_plane, o.step(), staged,
                             mid_at, to_mid);
           } else {
             mma_pass<CH, W>(f1, s1, blocks, lbs,
-                            Lines{lines - g * wp, win_plane, W::LINES * wp, wp}, mid_plane,
-                            o.step(), staged, mid_at, to_mid);
+                            Lines{lines - lg * wp, win_plane, W::LINES * wp, wp, odd},
+                            mid_plane, o.step(), staged, mid_at, to_mid);
           }
         } else {
-          mma_pass<CH, W>(f1, s1, blocks, lbs, Lines{win, win_plane, W::LINES * wp, wp},
+          mma_pass<CH, W>(f1, s1, blocks, lbs, Lines{win, win_plane, W::LINES * wp, wp, wp},
                           mid_plane, o.step(), staged, mid_at, to_mid);
         }
       },
@@ -1684,7 +1732,7 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
   run(
       [&](auto weights) {
         using W = decltype(weights);
-        const Lines in2{mid, mid_plane, W::LINES * mp, mp};
+        const Lines in2{mid, mid_plane, W::LINES * mp, mp, mp};
         const int blocks = (out2 + W::OUTPUTS - 1) / W::OUTPUTS;
         const int lbs = (out1 + W::LINES - 1) / W::LINES;
         // vertical (!VFIRST): output rows (M) times columns of a channel (N), the tile's
@@ -1693,7 +1741,7 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
         mma_pass<CH, W>(
             VFIRST ? fx : fy, VFIRST ? sx : sy, blocks, lbs, in2, out_plane, o.step(),
             intermediate, [&](int j) { return o.at(j); },
-            [&](u8* m, const unsigned v[2]) { o.store(m, v); });
+            [&](u8* m, const int (&acc)[3][4]) { o.store(m, acc); });
       },
       narrow2);
   __syncthreads();  // the tile's bytes are in place

@@ -162,6 +162,30 @@ static inline unsigned sat_pair(int lo, int hi) {
   return (unsigned)min(max(lo, 0), 255) | (unsigned)min(max(hi, 0), 255) << 8;
 }
 
+// a, b, c and d clamped to bytes, as bytes 0 .. 3 (two chained cvt.pack.sat.u8.s32.b32).
+static inline unsigned sat_quad(int a, int b, int c, int d) {
+  return sat_pair(a, b) | sat_pair(c, d) << 16;
+}
+
+// movmatrix.sync.aligned.m8n8.trans.b16: the warp's lanes post their words (lane 4 g + t:
+// row g, columns 2 t (low half) and 2 t + 1 of an 8 x 8 matrix of 16-bit elements), meet,
+// and each takes the same place of the transpose.
+static inline unsigned transpose8x8(unsigned x) {
+  const unsigned tid = threadIdx.y * blockDim.x + threadIdx.x, lane = tid % 32;
+  mmwire_warp& w = mmwire_warps[tid / 32];
+  w.a[lane][0] = x;
+  w.meet->arrive_and_wait();
+  const unsigned g = lane / 4, t = lane % 4;
+  unsigned y = 0;
+  for (unsigned i = 0; i < 2; ++i) {  // element (g, 2 t + i) of the transpose: (2 t + i, g)
+    const unsigned row = 2 * t + i, col = g;
+    const unsigned from = w.a[4 * row + col / 2][0];
+    y |= ((from >> (16 * (col % 2))) & 0xffffu) << (16 * i);
+  }
+  w.meet->arrive_and_wait();
+  return y;
+}
+
 // The MMA tiles check the shared memory they lay out against what the launch asked for.
 static unsigned long mmwire_smem_asked = 0;
 static std::atomic<unsigned long> mmwire_smem_overflows{0};
