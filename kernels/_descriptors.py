@@ -369,8 +369,16 @@ def _general_measure(job: ImageJob, passes: tuple[int, int], patch: int) -> Meas
 
 def _plain_pitch(n: int) -> int:
     """``plain_pitch`` in ``pixels.cu``: the row pitch of an unresized tile's pixels staged
-    as they are, for rows of ``n`` bytes (a skew of up to 15, whole 16-byte granules)."""
-    return ((n + 30) >> 4) << 4
+    as they are, for rows of ``n`` bytes (a skew of up to 15, whole 16-byte granules), 80 or
+    112 past a multiple of 128 (the write-out's loads meet fewer bank conflicts)."""
+    need = ((n + 30) >> 4) << 4
+    r = need & 127
+    return need + (80 - r if r <= 80 else 112 - r)
+
+
+_MMA_GROUP_SHIFT = 16
+"""``MMA_GROUP_SHIFT`` in ``pixels.cu``: how much further on each group of 8 rows of an MMA
+tile's raw window lies."""
 
 
 def _mma_pitch(n: int) -> int:
@@ -462,7 +470,8 @@ def _mma_measure(job: ImageJob, patch: int, v_first: bool, raw: bool = False) ->
         need = job.ch * (max(lines * _mma_pitch(inputs), out) + mid) + 2 * 32 * ks
         if raw:  # or staged raw (one plane of rows, the lanes' reads reaching further), and
             # the planes where the source is not on a word: the launch asks for the larger
-            window = lines * _mma_pitch(job.ch * uc + 12)
+            # (each group of 8 rows _MMA_GROUP_SHIFT further on)
+            window = lines * _mma_pitch(job.ch * uc + 12) + lines // 8 * _MMA_GROUP_SHIFT
             raw_need = max(window, job.ch * out) + job.ch * (mid + 32 * ks) + 16 + 32 * ks
             need = max(need, raw_need)
         first, second = (sy, sx) if v_first else (sx, sy)

@@ -798,14 +798,17 @@ __device__ __forceinline__ void run_values(const u8* __restrict__ s, int n, cons
 }
 
 // Rows copy_rows staged at the start of the dynamic shared memory, as they are (an
-// unresized tile's pixels, an MMA tile's raw window): row ry at ry * pitch, after its skew
-// (the low bits of its source address: first + ry * stride, mod 16).
+// unresized tile's pixels, an MMA tile's raw window): row ry at ry * pitch + (ry >> 3) *
+// shift, after its skew (the low bits of its source address: first + ry * stride, mod 16).
+// An MMA tile's window shifts each group of 8 rows 16 bytes on (MMA_GROUP_SHIFT).
 struct StagedRows {
   static constexpr bool SHARED = true;
   int pitch;
   unsigned first, stride;
+  int shift = 0;
   __device__ __forceinline__ const u8* row(int ry) const {
-    return (const u8*)dynamic_smem() + ry * pitch + ((first + (unsigned)ry * stride) & 15u);
+    return (const u8*)dynamic_smem() + ry * pitch + (ry >> 3) * shift +
+           ((first + (unsigned)ry * stride) & 15u);
   }
 };
 
@@ -1043,9 +1046,10 @@ __device__ __forceinline__ void copy_wait() {
 // its last, so nothing unmapped is read. 2^lg threads take a row (at least its granules,
 // at most a warp or the block): a thread keeps its place in the row and moves nt >> lg
 // rows at a time, with 32-bit offsets, four rows a round; threads past the last whole
-// group of 2^lg take no row.
+// group of 2^lg take no row. Row r goes to dst + r * pitch + (r >> 3) * shift (StagedRows;
+// a shift only where nt is a multiple of 256, so that nt >> lg is one of 8).
 __device__ __forceinline__ void copy_rows(const u8* src, int stride, int rows, int bytes,
-                                          int skew, u8* dst, int pitch) {
+                                          int skew, u8* dst, int pitch, int shift = 0) {
   const int tid = threadIdx.y * blockDim.x + threadIdx.x, nt = blockDim.x * blockDim.y;
   const int most = (bytes + skew + 15) >> 4;  // a row's granules at most
   // the least lg with 2^lg >= most, but 2^lg at most nt and 32 (a loop of up to six
@@ -1058,8 +1062,8 @@ __device__ __forceinline__ void copy_rows(const u8* src, int stride, int rows, i
   const u8* from = (const u8*)(((u64)src & ~15ull) + (unsigned)at);
   unsigned t = ((unsigned)(u64)src & 15u) + (unsigned)(tid >> lg) * (unsigned)stride;
   const unsigned dt = (unsigned)step_rows * (unsigned)stride;
-  u8* to = dst + (tid >> lg) * pitch + at;
-  const int dto = step_rows * pitch;
+  u8* to = dst + (tid >> lg) * pitch + ((tid >> lg) >> 3) * shift + at;
+  const int dto = step_rows * pitch + (step_rows >> 3) * shift;
   if (most <= (1 << lg)) {  // a row's granules at most one a thread (the usual case)
     // the thread's granule holds a byte of the row where at - bytes < the row's skew: a
     // predicated copy, no branch, so the rows' copies go out four at a time (about 10.5
@@ -1088,8 +1092,14 @@ __device__ __forceinline__ void copy_rows(const u8* src, int stride, int rows, i
 }
 
 // The row pitch of an unresized tile's staged pixels (copy_rows) for rows of `bytes` bytes:
-// room for a skew of up to 15 and whole 16-byte granules (host: _plain_pitch).
-__device__ __forceinline__ int plain_pitch(int bytes) { return ((bytes + 30) >> 4) << 4; }
+// room for a skew of up to 15 and whole 16-byte granules, and 80 or 112 past a multiple of
+// 128 (the next one up), where the write-out's lanes, about nine rows of a patch a warp,
+// read fewer words of one bank: 2.9 shared wavefronts a load where 192 bytes (the mixed
+// batch's 4-patch tiles) took 4.2 (host: _plain_pitch).
+__device__ __forceinline__ int plain_pitch(int bytes) {
+  const int need = ((bytes + 30) >> 4) << 4, r = need & 127;
+  return need + (r <= 80 ? 80 - r : 112 - r);
+}
 
 // Words of an M-block's A fragments (a block of the host's _mma_axis fragments): per byte
 // plane q and 32-input step s, 32 lanes x 4 words.
@@ -1219,14 +1229,21 @@ __device__ __forceinline__ int lane_line(int g) {
   return W::NARROW ? 2 * g : g;
 }
 
-// Where a pass finds its lines: line l of channel c's N-block lb starts at base + c *
-// plane + lb * step + l * pitch, but for a narrow lane's second line (lane_line), which
-// starts `odd` bytes after its first (pitch, or more or less where a raw window's rows
-// have different skews).
+// Where a pass's lane finds its lines: its first (lane_line) of channel c's N-block lb at
+// first + c * plane + lb * step; a narrow lane's second line `odd` bytes after it (a row
+// pitch, or more or less where a raw window's rows have different skews).
 struct Lines {
-  const u8* base;
-  int plane, step, pitch, odd;
+  const u8* first;
+  int plane, step, odd;
 };
+
+// Rows of an MMA tile's raw window are 16 bytes further on each group of 8 (row r at
+// r * pitch + (r >> 3) * MMA_GROUP_SHIFT: StagedRows), so that a narrow N-block's lines 2 g
+// (and 2 g + 1), g = 0 .. 7, fall in eight different 16-byte quarters of the banks, as a
+// wide one's lines g do: with a pitch 16 past a multiple of 32 (mma_pitch) they fell in
+// four, and each load took two wavefronts. (The intermediate keeps plain rows: its shifts
+// would cost the 4000 x 3000 photo's 2 x 8 tiles their place in MMA_SMEM_BYTES.)
+#define MMA_GROUP_SHIFT 16
 
 // A warp's contiguous run of a pass's (M-block, channel, N-block) tasks: `blocks` M-blocks
 // of CH channels x lbs N-blocks (counted without dividing: (warp + 1) * tasks stays far
@@ -1302,7 +1319,7 @@ __device__ __forceinline__ void mma_pass(const int* __restrict__ frags,
                                          const Lines& in, int out_plane, int out_step,
                                          Ready ready, OutAt out_at, Done done) {
   const int lane = (threadIdx.y * blockDim.x + threadIdx.x) & 31;
-  const u8* lane_in = in.base + lane_line<W>(lane >> 2) * in.pitch + 4 * (lane & 3) - __ldg(spans);
+  const u8* lane_in = in.first + 4 * (lane & 3) - __ldg(spans);
   warp_tasks<CH, W>(frags, spans, blocks, lbs, ready, [&](auto most_steps, const W& w, int j,
                                                          int c, int lb, int n, int at) {
     [[maybe_unused]] constexpr int S = decltype(most_steps)::value;  // (wide blocks only)
@@ -1394,19 +1411,18 @@ __device__ __forceinline__ void rgb_narrow_products(const unsigned (&b)[3][2], c
 // bytes, channels interleaved): as mma_pass over `blocks` M-blocks times `lbs` N-blocks of
 // 8 window rows, but a task takes all three channels of its N-block (rgb_products: one
 // set of loads serves them, and their products interleave), so the window needs no
-// planes. lines: where the lane's row lane_line(g) starts (its skew in the staged row
-// included); odd: its second row's start from there (narrow); pitch: the window's row
-// pitch. done(m, acc) as mma_pass's, for each channel's output at out_at(j) + c *
-// out_plane. W as mma_pass's (narrow: N-blocks of 16 rows).
+// planes. in: the lane's rows (Lines: its row lane_line(g), its skew in the staged row
+// included; step, an N-block's rows on; no planes). done(m, acc) as mma_pass's, for each
+// channel's output at out_at(j) + c * out_plane. W as mma_pass's (narrow: N-blocks of 16
+// rows).
 template <typename W, typename Ready, typename OutAt, typename Done>
 __device__ __forceinline__ void mma_pass_rgb(const int* __restrict__ frags,
                                              const int* __restrict__ spans, int blocks, int lbs,
-                                             const u8* lines, int odd, int pitch, int out_plane,
-                                             int out_step, Ready ready, OutAt out_at,
-                                             Done done) {
+                                             const Lines& in, int out_plane, int out_step,
+                                             Ready ready, OutAt out_at, Done done) {
   const int lane = (threadIdx.y * blockDim.x + threadIdx.x) & 31;
-  const u8* lane_in = lines + 12 * (lane & 3) - 3 * __ldg(spans);
-  const int step = W::LINES * pitch;  // an N-block's rows
+  const u8* lane_in = in.first + 12 * (lane & 3) - 3 * __ldg(spans);
+  const int step = in.step, odd = in.odd;
   warp_tasks<1, W>(frags, spans, blocks, lbs, ready, [&](auto most_steps, const W& w, int j, int,
                                                         int lb, int n, int at) {
     [[maybe_unused]] constexpr int S = decltype(most_steps)::value;  // (wide blocks only)
@@ -1592,7 +1608,11 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
   // 16-byte granule on: up to 12 bytes of skew before them), else a plane a channel
   const int wp = RAW ? mma_pitch(CH * uc + 12) : mma_pitch(VFIRST ? ur : uc);
   const int mp = mma_pitch(lines1);
-  const int win_plane = lines1 * wp, mid_plane = 16 * m1 * mp, slack = 32 * ks;
+  // a raw window's rows MMA_GROUP_SHIFT bytes further on each group of 8, where copy_rows
+  // can (blocks of a multiple of 256 threads, as on the GPU; the host's are smaller too)
+  const int shift = RAW && (nt & 255) == 0 ? MMA_GROUP_SHIFT : 0;
+  const int win_plane = lines1 * wp + (lines1 >> 3) * shift;
+  const int mid_plane = 16 * m1 * mp, slack = 32 * ks;
   // the second pass's bytes, a plane a channel of 16 my rows x op columns (all its M- and
   // N-blocks reach: op is at least tw rounded up to 16), where the window was
   const int op = mma_pitch(tw), out_plane = 16 * my * op;
@@ -1607,7 +1627,7 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
   if constexpr (RAW) {
     // the rows as they are, with cp.async. They start on a word (R_RAW), so their skews in
     // the granule are 0, 4, 8 or 12, and the same every 8 rows.
-    copy_rows(s, rb, ur, CH * uc, 12, win, wp);
+    copy_rows(s, rb, ur, CH * uc, 12, win, wp, shift);
   } else {  // the window's rows and columns that the taps use
     const int groups = (uc + 3) >> 2;
     const int quads = VFIRST ? (ur + 3) >> 2 : ur;  // row groups of one work item
@@ -1708,21 +1728,22 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
         const LaneOut<W, true> o{mid, mp, g, t};
         auto mid_at = [&](int j) { return o.at(j); };
         auto to_mid = [&](u8* m, const int (&acc)[3][4]) { o.store(m, acc); };
+        const int lg = lane_line<W>(g);
         if constexpr (RAW) {  // the lane's rows of the window (where copy_rows staged them)
-          const StagedRows rows{wp, (unsigned)(u64)s, (unsigned)rb};
-          const int lg = lane_line<W>(g);
+          const StagedRows rows{wp, (unsigned)(u64)s, (unsigned)rb, shift};
           const u8* lines = rows.row(lg);
-          const int odd = (int)(rows.row(lg + 1) - lines);  // (narrow blocks' second line)
+          // an N-block's rows on (whole groups of 8), and a narrow block's second line
+          const Lines in{lines, win_plane, W::LINES * (wp + shift / 8),
+                         (int)(rows.row(lg + 1) - lines)};
           if constexpr (CH == 3) {
-            mma_pass_rgb<W>(f1, s1, blocks, lbs, lines, odd, wp, mid_plane, o.step(), staged,
-                            mid_at, to_mid);
+            mma_pass_rgb<W>(f1, s1, blocks, lbs, in, mid_plane, o.step(), staged, mid_at,
+                            to_mid);
           } else {
-            mma_pass<CH, W>(f1, s1, blocks, lbs,
-                            Lines{lines - lg * wp, win_plane, W::LINES * wp, wp, odd},
-                            mid_plane, o.step(), staged, mid_at, to_mid);
+            mma_pass<CH, W>(f1, s1, blocks, lbs, in, mid_plane, o.step(), staged, mid_at,
+                            to_mid);
           }
         } else {
-          mma_pass<CH, W>(f1, s1, blocks, lbs, Lines{win, win_plane, W::LINES * wp, wp, wp},
+          mma_pass<CH, W>(f1, s1, blocks, lbs, Lines{win + lg * wp, win_plane, W::LINES * wp, wp},
                           mid_plane, o.step(), staged, mid_at, to_mid);
         }
       },
@@ -1732,7 +1753,7 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
   run(
       [&](auto weights) {
         using W = decltype(weights);
-        const Lines in2{mid, mid_plane, W::LINES * mp, mp, mp};
+        const Lines in2{mid + lane_line<W>(g) * mp, mid_plane, W::LINES * mp, mp};
         const int blocks = (out2 + W::OUTPUTS - 1) / W::OUTPUTS;
         const int lbs = (out1 + W::LINES - 1) / W::LINES;
         // vertical (!VFIRST): output rows (M) times columns of a channel (N), the tile's
