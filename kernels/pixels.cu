@@ -705,33 +705,24 @@ struct Units {
   }
 };
 
-// Calls f(ry, cx, src, o) for each unit of a tile's patches (nph x npw) a thread writes:
-// ry[i], cx[i] the tile pixel of its run i, src[i] its first byte (row_at(ry[i]) + CH cx[i]:
-// row_at gives a tile row's first byte), o its first value in the output (o0 the tile's
-// first patch; gw patches a canvas row). Where a patch plane has no more units than the
+// Calls f(ry, cx, at) for each unit of a tile's patches (nph x npw) a thread writes: ry[i],
+// cx[i] the tile pixel of its run i, `at` its first value's offset from the tile's first
+// patch (32-bit; gw patches a canvas row). Where a patch plane has no more units than the
 // block has threads, the block takes `per` patches at a time, thread tid unit tid % units
 // of patch tid / units (threads past per * units take none): the same unit of every patch
 // it visits, so where its runs lie in a patch is worked out once and a move divides nothing
-// (the MMA tiles' write-out measured faster so: bench/results/20261201-mma-units); a move
-// along a row of patches then only adds to src, cx and o (MOVES), and row_at is asked
-// again only when it wraps to the next row (the address arithmetic was a fifth of the MMA
-// and mixed launches' write-out loops; the plain launch's 32 registers a thread have no
-// room for the pointers kept, so it works each unit's out, !MOVES). Else the Units walk.
-template <int U, int CH, bool MOVES, typename RowAt, typename T, typename F>
-__device__ __forceinline__ void for_each_unit(int p, int nph, int npw, int gw, RowAt row_at,
-                                              T* o0, F f) {
+// (the MMA tiles' write-out measured faster so: bench/results/20261201-mma-units). Else
+// the Units walk.
+template <int U, typename F>
+__device__ __forceinline__ void for_each_unit(int p, int nph, int npw, int gw, F f) {
   const int tid = threadIdx.y * blockDim.x + threadIdx.x, nt = blockDim.x * blockDim.y;
   const int pp = p * p, units = pp / U;
   int ry[U / 2], cx[U / 2];
-  const u8* src[U / 2];
   if (units > nt) {
     for (Units<U> k(p, npw); k.ky < nph; k.next(npw)) {
 #pragma unroll
-      for (int run = 0; run < U / 2; ++run) {
-        k.run_at(run, p, ry[run], cx[run]);
-        src[run] = row_at(ry[run]) + CH * cx[run];
-      }
-      f(ry, cx, src, o0 + k.offset(p, gw));
+      for (int run = 0; run < U / 2; ++run) k.run_at(run, p, ry[run], cx[run]);
+      f(ry, cx, k.offset(p, gw));
     }
     return;
   }
@@ -744,47 +735,17 @@ __device__ __forceinline__ void for_each_unit(int p, int nph, int npw, int gw, R
     px[run] = e - py[run] * p;
   }
   int ky = k < per ? div_small(k, npw) : nph, kx = k - ky * npw;
-  if (ky >= nph) return;
-  auto place = [&] {  // the runs' pixels and bytes from (ky, kx)
+  while (ky < nph) {
 #pragma unroll
     for (int run = 0; run < U / 2; ++run) {
       ry[run] = ky * p + py[run];
       cx[run] = kx * p + px[run];
-      src[run] = row_at(ry[run]) + CH * cx[run];
     }
-  };
-  if constexpr (!MOVES) {
-    while (ky < nph) {
-      place();
-      f(ry, cx, src, o0 + ((ky * gw + kx) * 3 * pp + U * u));
-      kx += per;
-      while (kx >= npw) {
-        kx -= npw;
-        ++ky;
-      }
-    }
-    return;
-  }
-  place();
-  T* o = o0 + ((ky * gw + kx) * 3 * pp + U * u);
-  const int dc = per * p, dout = per * 3 * pp, wrap_out = (gw - npw) * 3 * pp;
-  while (true) {
-    f(ry, cx, src, o);
+    f(ry, cx, (ky * gw + kx) * 3 * pp + U * u);
     kx += per;
-    o += dout;
-#pragma unroll
-    for (int run = 0; run < U / 2; ++run) {
-      cx[run] += dc;
-      src[run] += CH * dc;
-    }
-    if (kx >= npw) {
-      do {
-        kx -= npw;
-        ++ky;
-        o += wrap_out;
-      } while (kx >= npw);
-      if (ky >= nph) break;
-      place();
+    while (kx >= npw) {
+      kx -= npw;
+      ++ky;
     }
   }
 }
@@ -897,8 +858,7 @@ __device__ __forceinline__ void plain_runs(const Rows& rows, const i64* d, const
 // thread takes units (above) instead of a pixel pair of each patch row it walks, so each
 // plane's four values go out in one store, of 8 or 16 bytes (fp32 from the source keeps
 // the pairs: its units measured slower; RGBA too: its composite needs the registers).
-// MOVES: for_each_unit's (a mixed launch's tiles, FLAT).
-template <int CH, int U, bool MOVES, typename Rows, typename Norm, typename T>
+template <int CH, int U, typename Rows, typename Norm, typename T>
 __device__ __forceinline__ void plain_units(const Rows& rows, const i64* d, const Norm& norm,
                                             T* __restrict__ o0, int p, int gw, int nph, int npw,
                                             int vh, int vw, int y0, int x0) {
@@ -907,23 +867,18 @@ __device__ __forceinline__ void plain_units(const Rows& rows, const i64* d, cons
   // the loop is compiled without the checks (most tiles; those at the canvas's right and
   // bottom edges take the general loop)
   auto units = [&](auto inside) {
-    auto row_at = [&](int ry) { return rows.row(ry); };
-    for_each_unit<U, CH, MOVES>(p, nph, npw, gw, row_at, o0,
-                         [&](const int (&ry)[U / 2], const int (&cx)[U / 2],
-                             const u8* const (&src)[U / 2], T* o) {
-                           typename Norm::V r[3][U];
+    for_each_unit<U>(p, nph, npw, gw, [&](const int (&ry)[U / 2], const int (&cx)[U / 2], int at) {
+      typename Norm::V r[3][U];
 #pragma unroll
-                           for (int run = 0; run < U / 2; ++run) {
-                             // the run's pixels in the image
-                             const int n = decltype(inside)::value ? 2
-                                           : ry[run] < vh          ? min(2, vw - cx[run])
-                                                                   : 0;
-                             run_values<CH, 2, Rows::SHARED>(src[run], n, d, y0 + ry[run],
-                                                             x0 + cx[run], norm, r, 2 * run);
-                           }
+      for (int run = 0; run < U / 2; ++run) {
+        // the run's pixels in the image
+        const int n = decltype(inside)::value ? 2 : ry[run] < vh ? min(2, vw - cx[run]) : 0;
+        run_values<CH, 2, Rows::SHARED>(rows.row(ry[run]) + cx[run] * CH, n, d, y0 + ry[run],
+                                        x0 + cx[run], norm, r, 2 * run);
+      }
 #pragma unroll
-                           for (int c = 0; c < 3; ++c) norm.template store<U>(o + c * pp, r[c]);
-                         });
+      for (int c = 0; c < 3; ++c) norm.template store<U>(o0 + at + c * pp, r[c]);
+    });
   };
   if (vh == nph * p && vw == npw * p) {
     units(Int<1>());
@@ -1819,14 +1774,11 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
   auto write_units = [&](auto unit, auto norm) {
     constexpr int U = decltype(unit)::value;
     using Norm = decltype(norm);
-    auto row_at = [&](int ry) { return (const u8*)ob + ry * op; };
-    for_each_unit<U, 1, true>(p, nph, npw, gw, row_at, o0, [&](const int (&ry)[U / 2],
-                                                         const int (&cx)[U / 2],
-                                                         const u8* const (&src)[U / 2], T* o) {
+    for_each_unit<U>(p, nph, npw, gw, [&](const int (&ry)[U / 2], const int (&cx)[U / 2], int at) {
       typename Norm::V r[3][U];
 #pragma unroll
       for (int run = 0; run < U / 2; ++run) {
-        const u8* b = src[run];
+        const u8* b = ob + ry[run] * op + cx[run];
         if constexpr (CH == 4) {
           unsigned pair[4];
 #pragma unroll
@@ -1851,7 +1803,7 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
         }
       }
 #pragma unroll
-      for (int c = 0; c < 3; ++c) norm.template store<U>(o + c * pp, r[c]);
+      for (int c = 0; c < 3; ++c) norm.template store<U>(o0 + at + c * pp, r[c]);
     });
   };
   with_norm(tb, [&](auto norm) __attribute__((always_inline)) {
@@ -1903,7 +1855,7 @@ __device__ __forceinline__ void plain_tile(const u8* __restrict__ src,
       if ((p & 1) != 0) {
         plain_runs<CH, 1, FLAT>(staged, d, nm, o0, p, gw, nph, npw, vh, vw, y0, x0);
       } else if (sizeof(T) == 2 || wide_units(out)) {  // 16-bit: 8-byte units, as unstaged
-        plain_units<CH, 4, FLAT>(staged, d, nm, o0, p, gw, nph, npw, vh, vw, y0, x0);
+        plain_units<CH, 4>(staged, d, nm, o0, p, gw, nph, npw, vh, vw, y0, x0);
       } else {
         plain_runs<CH, 2, FLAT>(staged, d, nm, o0, p, gw, nph, npw, vh, vw, y0, x0);
       }
@@ -1912,8 +1864,8 @@ __device__ __forceinline__ void plain_tile(const u8* __restrict__ src,
     } else if constexpr (CH == 4) {
       plain_runs<CH, 2, FLAT>(source, d, nm, o0, p, gw, nph, npw, vh, vw, y0, x0);
     } else {
-      plain_units<CH, UNIT_BYTES / sizeof(T), FLAT>(source, d, nm, o0, p, gw, nph, npw, vh, vw,
-                                                    y0, x0);
+      plain_units<CH, UNIT_BYTES / sizeof(T)>(source, d, nm, o0, p, gw, nph, npw, vh, vw, y0,
+                                              x0);
     }
   });
 }
