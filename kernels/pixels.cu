@@ -408,9 +408,9 @@ __device__ __forceinline__ bool wide_units(const T* out) {
 // the table took a shared load and its addressing. The permute puts the byte v in the bits
 // 16 .. 23 of a word, which as an fp32 is v 2^-133 exactly (a subnormal below 128, the
 // least normal exponent from 128 on), and the header's a is the form's times 2^133, so the
-// FMA's exact product is v a and its one rounding the form's (a 2^-133 of at most 2^-5,
-// else the host keeps the table). It needs an FMA that keeps subnormal operands
-// (fma_subnormal), where the build's own flushes them.
+// FMA's exact product is v a and its one rounding the form's (where the form's a is below
+// 2^-5; else a 2^133 passes fp32 and the host keeps the table). It needs an FMA that keeps
+// subnormal operands (fma_subnormal), where the build's own flushes them.
 #define NORM_VALUES 768
 #define NORM_HEADER 16
 #define NORM_STRIDE (NORM_VALUES + NORM_HEADER)
@@ -1732,7 +1732,8 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
         if constexpr (RAW) {  // the lane's rows of the window (where copy_rows staged them)
           const StagedRows rows{wp, (unsigned)(u64)s, (unsigned)rb, shift};
           const u8* lines = rows.row(lg);
-          // an N-block's rows on (whole groups of 8), and a narrow block's second line
+          // an N-block's rows on (whole groups of 8: W::LINES / 8 shifts, as LINES times
+          // shift / 8), and a narrow block's second line
           const Lines in{lines, win_plane, W::LINES * (wp + shift / 8),
                          (int)(rows.row(lg + 1) - lines)};
           if constexpr (CH == 3) {

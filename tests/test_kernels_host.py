@@ -289,7 +289,7 @@ def test_fused_block_limit_matches_the_cuda_define() -> None:
 def test_mma_limits_match_the_cuda_defines() -> None:
     # the host lays out each M-block's fragments for MMA_KS steps and plans tiles of at
     # most MMA_MAX_BLOCKS blocks a side: the kernel must read them the same way
-    # (and sizes the intermediate's and a raw window's rows with their groups' shift)
+    # (and sizes a raw window's rows with their groups' shift)
     from mmwire.kernels._descriptors import _MMA_GROUP_SHIFT, _MMA_MAX_BLOCKS, _MMA_STEPS
 
     text = SOURCE.read_text()
