@@ -7,6 +7,7 @@ and rounding rule of ``pixels.cu`` with ``==``.
 
 from __future__ import annotations
 
+import ctypes
 import re
 from pathlib import Path
 from typing import Any
@@ -636,6 +637,21 @@ def test_host_kernels_equal_the_cpu_path(
     got_pv, got_grid = kernels(items, dtype, "cpu", host)
     assert torch.equal(got_grid, want_grid)
     assert differing(got_pv, want_pv) == 0
+
+
+def test_host_pitches_mirror_the_kernels(host_lib: Path) -> None:
+    # the host sizes each tile's shared memory with _plain_pitch and _mma_pitch: a pitch
+    # the kernel lays out wider would overflow it, a narrower one waste it
+    from mmwire.kernels._descriptors import _mma_pitch, _plain_pitch
+
+    lib = ctypes.CDLL(str(host_lib))
+    for n in range(1, 2000):
+        assert lib.host_plain_pitch(n) == _plain_pitch(n), n
+        assert lib.host_mma_pitch(n) == _mma_pitch(n), n
+    # the plain rows' pitch keeps room for a skew of 15 and lies 80 or 112 past 128
+    assert all(
+        _plain_pitch(n) >= n + 15 and _plain_pitch(n) % 128 in (80, 112) for n in range(1, 2000)
+    )
 
 
 def test_norm_layout_matches_the_cuda_defines() -> None:

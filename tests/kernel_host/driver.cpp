@@ -105,6 +105,10 @@ extern "C" void host_fused_u16(const unsigned* grid, const unsigned* block, cons
             smem);
 }
 
+// The kernels' row pitches, for the host's mirrors (_plain_pitch, _mma_pitch) to be checked.
+extern "C" int host_plain_pitch(int bytes) { return plain_pitch(bytes); }
+extern "C" int host_mma_pitch(int bytes) { return mma_pitch(bytes); }
+
 // How many MMA tiles so far laid out more shared memory than their launch asked for.
 extern "C" unsigned long host_smem_overflows() { return mmwire_smem_overflows; }
 
