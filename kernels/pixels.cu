@@ -1111,113 +1111,6 @@ __device__ __forceinline__ void copy_rows(const u8* src, int stride, int rows, i
   }
 }
 
-// ---- Rows staged by the TMA (compute capability 9.0; the host build emulates it) ----
-// A block stages its rows with bulk copies (cp.async.bulk, one a row, done by the tensor
-// memory accelerator) that complete on an mbarrier, where cp.async took a 16-byte copy a
-// lane through the load/store pipe: ncu counted 9 to 11 shared wavefronts a warp's cp.async
-// (4 ideal), in the pipe the mixed launch kept busiest (58 % of its cycles).
-#if defined(MMWIRE_HOST_SHIM) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900)
-#define MMWIRE_BULK 1
-#else
-#define MMWIRE_BULK 0
-#endif
-
-#ifndef MMWIRE_HOST_SHIM
-#if MMWIRE_BULK
-__device__ __forceinline__ unsigned shared_address(const void* p) {
-  return (unsigned)__cvta_generic_to_shared(p);
-}
-
-// bar set up for one phase that completes once `count` threads have arrived and every byte
-// they expected has landed.
-__device__ __forceinline__ void bar_init(u64* bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_address(bar)), "r"(count)
-               : "memory");
-}
-
-// This thread expects `bytes` more to land on bar, and arrives.
-__device__ __forceinline__ void bar_arrive_expect(u64* bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(
-                   shared_address(bar)),
-               "r"(bytes)
-               : "memory");
-}
-
-// `bytes` (a multiple of 16) from global to shared memory, both 16-aligned, by the TMA;
-// their landing counts against bar.
-__device__ __forceinline__ void bulk_copy(void* smem, const void* global, unsigned bytes,
-                                          u64* bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
-          "r"(shared_address(smem)),
-      "l"(global), "r"(bytes), "r"(shared_address(bar))
-      : "memory");
-}
-
-// Returns once bar's first phase has completed (its copies' bytes then visible here).
-__device__ __forceinline__ void bar_wait(u64* bar) {
-  unsigned done;
-  do {
-    asm volatile(
-        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0; "
-        "selp.u32 %0, 1, 0, p; }"
-        : "=r"(done)
-        : "r"(shared_address(bar))
-        : "memory");
-  } while (done == 0);
-}
-#endif
-#endif
-
-// Rows as copy_rows lays them out (row r at dst + r * pitch + (r >> 3) * shift, from the
-// granule of its first byte), a bulk copy each, completing on bar: warp 0's lanes take rows
-// lane, lane + 32, ... (the first `lanes` threads of a smaller block); each expects its
-// rows' bytes and arrives (bar counts them), so the phase completes once every row has
-// landed. rows_staged waits for them.
-__device__ __forceinline__ void bulk_rows(const u8* src, int stride, int rows, int bytes,
-                                          u8* dst, int pitch, int shift, u64* bar) {
-#if MMWIRE_BULK
-  const int lane = threadIdx.y * blockDim.x + threadIdx.x;
-  const int lanes = min((int)(blockDim.x * blockDim.y), 32);  // (a block may have fewer)
-  if (lane >= lanes) return;
-  if (lane == 0) bar_init(bar, lanes);
-  __syncwarp();  // the init before any lane arrives
-  unsigned total = 0;  // (a tile's window is under the 2^20 bytes a phase may expect)
-  for (int r = lane; r < rows; r += lanes) {
-    total += ((unsigned)(((u64)src + (u64)r * (unsigned)stride) & 15u) + bytes + 15u) & ~15u;
-  }
-  bar_arrive_expect(bar, total);
-  for (int r = lane; r < rows; r += lanes) {
-    const u64 at = (u64)src + (u64)r * (unsigned)stride;
-    bulk_copy(dst + r * pitch + (r >> 3) * shift, (const void*)(at & ~15ull),
-              ((unsigned)(at & 15u) + bytes + 15u) & ~15u, bar);
-  }
-#endif
-}
-
-// Waits for the block's stage_rows and its other shared writes: a barrier, then bar.
-__device__ __forceinline__ void rows_staged(u64* bar) {
-#if MMWIRE_BULK
-  __syncthreads();  // (also orders bar's init before the other warps' waits)
-  bar_wait(bar);
-#else
-  copy_wait();
-  __syncthreads();
-#endif
-}
-
-// Rows from src (row r at src + r * stride, `bytes` bytes, at most `skew` past its granule)
-// into shared memory at dst, as copy_rows lays them out: by the TMA where there is one
-// (bulk_rows), else cp.async (copy_rows). rows_staged(bar) then waits for them.
-__device__ __forceinline__ void stage_rows(const u8* src, int stride, int rows, int bytes,
-                                           int skew, u8* dst, int pitch, int shift, u64* bar) {
-#if MMWIRE_BULK
-  bulk_rows(src, stride, rows, bytes, dst, pitch, shift, bar);
-#else
-  copy_rows(src, stride, rows, bytes, skew, dst, pitch, shift);
-#endif
-}
-
 // The row pitch of an unresized tile's staged pixels (copy_rows) for rows of `bytes` bytes:
 // room for a skew of up to 15 and whole 16-byte granules, and 80 or 112 past a multiple of
 // 128 (the next one up), where the write-out's lanes, about nine rows of a patch a warp,
@@ -1698,7 +1591,7 @@ template <int CH, bool VFIRST, bool RAW, typename T>
 __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* __restrict__ desc,
                                          const int* __restrict__ tab,
                                          const T* __restrict__ table, const int (&rec)[NR], i64* d,
-                                         T* tb, T* __restrict__ out, int p, u8* sm, u64* bar) {
+                                         T* tb, T* __restrict__ out, int p, u8* sm) {
   const int tid = threadIdx.y * blockDim.x + threadIdx.x, nt = blockDim.x * blockDim.y;
   const int g = (tid & 31) >> 2, t = tid & 3;  // the lane's group and place in it
   const int nph = rec[R_TILE_H], npw = rec[R_TILE_W];  // its patches
@@ -1754,7 +1647,7 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
   if constexpr (RAW) {
     // the rows as they are, with cp.async. They start on a word (R_RAW), so their skews in
     // the granule are 0, 4, 8 or 12, and the same every 8 rows.
-    stage_rows(s, rb, ur, CH * uc, 12, win, wp, shift, bar);
+    copy_rows(s, rb, ur, CH * uc, 12, win, wp, shift);
   } else {  // the window's rows and columns that the taps use
     const int groups = (uc + 3) >> 2;
     const int quads = VFIRST ? (ur + 3) >> 2 : ur;  // row groups of one work item
@@ -1843,12 +1736,8 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
     }
   };
   auto staged = [&] {
-    // the window, the block's normalise table (and RGBA's d) are in place
-    if constexpr (RAW) {
-      rows_staged(bar);
-    } else {
-      __syncthreads();
-    }
+    if constexpr (RAW) copy_wait();  // this thread's copies have landed
+    __syncthreads();  // the window, the block's normalise table (and RGBA's d) are in place
   };
   // the first pass: its outputs (M) times window lines of a channel (N) into the
   // intermediate, a line of the other axis per output
@@ -1964,8 +1853,7 @@ template <int CH, bool FLAT, typename T>
 __device__ __forceinline__ void plain_tile(const u8* __restrict__ src,
                                            const i64* __restrict__ desc,
                                            const T* __restrict__ table, const int (&rec)[NR],
-                                           i64* d, T* tb, T* __restrict__ out, int p, u8* sm,
-                                           u64* bar) {
+                                           i64* d, T* tb, T* __restrict__ out, int p, u8* sm) {
   // the table and its header as 8-byte words
   block_copy((u64*)tb, (const u64*)(table + rec[R_TABLE]), (int)(NORM_STRIDE * sizeof(T) / 8));
   if constexpr (CH == 4) block_copy(d, desc + (i64)rec[R_IMAGE] * NF, NF);
@@ -1979,11 +1867,10 @@ __device__ __forceinline__ void plain_tile(const u8* __restrict__ src,
   const StagedRows staged{plain_pitch(npw * p * CH), (unsigned)(u64)s0, (unsigned)row};
   if constexpr (STAGE) {
     MMWIRE_SMEM_CHECK(vh * staged.pitch);
-    stage_rows(s0, row, vh, vw * CH, 15, sm, staged.pitch, 0, bar);
-    rows_staged(bar);  // the staged pixels and the block's normalise table in place
-  } else {
-    __syncthreads();  // the block's normalise table (and RGBA's d) in place
+    copy_rows(s0, row, vh, vw * CH, 15, sm, staged.pitch);
+    copy_wait();
   }
+  __syncthreads();  // the block's normalise table (RGBA's d, and the staged pixels) in place
   with_norm(tb, [&](auto nm) __attribute__((always_inline)) {
     if constexpr (STAGE) {
       if ((p & 1) != 0) {
@@ -2205,7 +2092,6 @@ __global__ void __launch_bounds__(FUSED_THREADS, KIND == PLAIN ? FUSED_PLAIN_MIN
   const int p = MMWIRE_PATCH != 0 ? MMWIRE_PATCH : patch;
   __shared__ i64 d[NF];
   __shared__ __align__(8) T tb[NORM_STRIDE];
-  __shared__ u64 bar;  // the staged rows' (stage_rows)
   let_next_launch_start();
   [&]() __attribute__((always_inline)) {  // the tile (inlined: nvcc made a call of it)
     if constexpr (KIND != GENERAL) {  // its record (five 16-byte loads)
@@ -2221,15 +2107,15 @@ __global__ void __launch_bounds__(FUSED_THREADS, KIND == PLAIN ? FUSED_PLAIN_MIN
       }
       u8* sm = (u8*)dynamic_smem();
       if constexpr (KIND == PLAIN) {
-        plain_tile<CH, false>(src, desc, table, rec, d, tb, out, p, sm, &bar);
+        plain_tile<CH, false>(src, desc, table, rec, d, tb, out, p, sm);
       } else if (KIND == MIXED && (rec[R_FLAGS] & R_PLAIN)) {
-        if constexpr (KIND == MIXED) plain_tile<CH, true>(src, desc, table, rec, d, tb, out, p, sm, &bar);
+        if constexpr (KIND == MIXED) plain_tile<CH, true>(src, desc, table, rec, d, tb, out, p, sm);
       } else if (rec[R_FLAGS] & R_V_FIRST) {  // then straight to staging
-        mma_tile<CH, true, false, T>(src, desc, tab, table, rec, d, tb, out, p, sm, &bar);
+        mma_tile<CH, true, false, T>(src, desc, tab, table, rec, d, tb, out, p, sm);
       } else if (CH != 4 && (rec[R_FLAGS] & R_RAW) && ((u64)src & 3) == 0) {
-        mma_tile<CH, false, CH != 4, T>(src, desc, tab, table, rec, d, tb, out, p, sm, &bar);
+        mma_tile<CH, false, CH != 4, T>(src, desc, tab, table, rec, d, tb, out, p, sm);
       } else {
-        mma_tile<CH, false, false, T>(src, desc, tab, table, rec, d, tb, out, p, sm, &bar);
+        mma_tile<CH, false, false, T>(src, desc, tab, table, rec, d, tb, out, p, sm);
       }
       return;
     }

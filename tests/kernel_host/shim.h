@@ -30,7 +30,7 @@ static inline void __syncthreads() {
 }
 
 // Dynamic shared memory: a fixed arena (the launches ask for at most 160 KiB).
-alignas(16) static unsigned mmwire_dynamic_smem[160 * 1024 / sizeof(unsigned)];
+static unsigned mmwire_dynamic_smem[160 * 1024 / sizeof(unsigned)];
 static inline unsigned* dynamic_smem() { return mmwire_dynamic_smem; }
 
 // CUDA's vector types of the 8- and 16-byte loads.
@@ -156,22 +156,6 @@ static inline void copy16_if_less(void* smem, const void* global, int a, int b) 
   if (a < b) copy16(smem, global);
 }
 static inline void copy_wait() {}
-
-// The TMA's bulk copies (cp.async.bulk) and their mbarrier: a copy lands at once, so there
-// is nothing to count or wait for; one off its 16-byte alignment or size, which faults on
-// the GPU, is counted with the stores (host_misaligned_stores).
-static inline void __syncwarp() {}
-static inline void bar_init(unsigned long long*, unsigned) {}
-static inline void bar_arrive_expect(unsigned long long*, unsigned) {}
-static inline void bulk_copy(void* smem, const void* global, unsigned bytes,
-                             unsigned long long*) {
-  if ((reinterpret_cast<unsigned long>(smem) | reinterpret_cast<unsigned long>(global) |
-       bytes) % 16 != 0) {
-    ++mmwire_misaligned_stores;
-  }
-  std::memcpy(smem, global, bytes);
-}
-static inline void bar_wait(unsigned long long*) {}
 
 // lo and hi clamped to bytes, as bytes 0 and 1 (cvt.pack.sat.u8.s32.b32 with c = 0).
 static inline unsigned sat_pair(int lo, int hi) {
