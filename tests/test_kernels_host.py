@@ -263,13 +263,12 @@ def test_mma_and_mixed_records_name_the_rows_of_the_tile_ahead(ahead: int) -> No
     f = {name: i for i, name in enumerate(RECORD_FIELDS)}
     own = [i for i in range(len(RECORD_FIELDS)) if not RECORD_FIELDS[i].startswith("R_AHEAD")]
     assert (layout.tile_records[:, own] == base.tile_records[:, own]).all()
-    fields = [f[name] for name in RECORD_FIELDS if name.startswith("R_AHEAD")]
     at = 0
     for ch, kind, _, count in layout.tile_groups:
         recs = layout.tile_records[at : at + count].astype(np.int64)
         for i, r in enumerate(recs):
             if kind == "plain" or i + ahead >= count:
-                assert r[fields].tolist() == [0] * 6
+                assert r[[f[n] for n in RECORD_FIELDS if n.startswith("R_AHEAD")]].tolist() == [0] * 6
                 continue
             t = recs[i + ahead]
             assert r[f["R_AHEAD"]] == ahead
