@@ -97,21 +97,14 @@ RECORD_FIELDS: tuple[str, ...] = (
     "R_GRID_W",
     "R_TABLE",
     "R_FLAGS",
-    "R_AHEAD",
-    "R_AHEAD_SRC_LO",
-    "R_AHEAD_SRC_HI",
-    "R_AHEAD_ROW_BYTES",
-    "R_AHEAD_BYTES",
-    "R_AHEAD_H",
+    "R_PAD0",
+    "R_PAD1",
 )
 """An MMA or plain tile's record (``enum Record`` in ``pixels.cu``): what its block would
 otherwise work out from the descriptor (and for MMA the spans) before it could stage its
 window or read its pixels, so that starts after one load. A plain tile's has no spans or
 fragments, and ``R_PLAIN`` its only flag; its ``R_SRC_*`` is its first pixel and
-``R_USED_*`` the part of it inside the image. ``R_AHEAD*`` (``layout_of``'s ``ahead``): the
-distance to the launch's record whose rows the tile's block fetches into L2 (0: none), and
-those rows (the source bytes that tile's block will read: ``R_AHEAD_H`` rows of
-``R_AHEAD_BYTES`` from ``R_AHEAD_SRC_*``, ``R_AHEAD_ROW_BYTES`` apart)."""
+``R_USED_*`` the part of it inside the image."""
 _R = {name: i for i, name in enumerate(RECORD_FIELDS)}
 _TWO_STEPS, _V_FIRST, _WHOLE, _RAW, _PLAIN = 1, 2, 4, 8, 16  # R_FLAGS (R_PLAIN: a plain tile)
 _X_NARROW, _Y_NARROW = 32, 64
@@ -741,36 +734,6 @@ def _mixed(
     return merged, np.concatenate(parts) if parts else records
 
 
-def _ahead(
-    groups: list[tuple[int, Kind, int, int]],
-    records: np.ndarray[Any, np.dtype[np.int32]],
-    ahead: int,
-) -> np.ndarray[Any, np.dtype[np.int32]]:
-    """``records`` with each MMA and mixed launch's tile ``i`` naming tile ``i + ahead`` of
-    the same launch (``R_AHEAD*``): its block, one of the launch's first about ``ahead``
-    running at once, fetches the rows that tile stages into L2 (and its record), so the
-    block that takes it, about a wave later, finds them there. Past the launch's end: 0."""
-    out = records.astype(np.int64)
-    at = 0  # the group's first record (records leave the general groups out)
-    for ch, kind, _, count in groups:
-        if kind == "general":
-            continue
-        if kind in ("mma", "mixed") and count > ahead:
-            mine, theirs = out[at : at + count - ahead], out[at + ahead : at + count]
-            mine[:, _R["R_AHEAD"]] = ahead
-            for field, value in (
-                ("R_AHEAD_SRC_LO", theirs[:, _R["R_SRC_LO"]]),
-                ("R_AHEAD_SRC_HI", theirs[:, _R["R_SRC_HI"]]),
-                ("R_AHEAD_ROW_BYTES", theirs[:, _R["R_ROW_BYTES"]]),
-                ("R_AHEAD_BYTES", theirs[:, _R["R_USED_W"]] * ch),
-                ("R_AHEAD_H", theirs[:, _R["R_USED_H"]]),
-            ):
-                mine[:, _R[field]] = value
-        at += count
-    result: np.ndarray[Any, np.dtype[np.int32]] = out.astype(np.uint32).view(np.int32)
-    return result
-
-
 def _bg_fields(bg: Background | None) -> tuple[int, int, int, int, int]:
     if bg is None:
         return 0, 1, 1, 0, 0
@@ -798,7 +761,6 @@ def layout_of(
     tensor_cores: bool = False,
     mma_smem: int = MMA_SMEM_BYTES,
     mixed: bool = False,
-    ahead: int = 0,
 ) -> Layout:
     """Descriptor rows and coefficient tables for ``jobs`` (a tuple; cached by value).
 
@@ -814,10 +776,7 @@ def layout_of(
     ``patch=0``). With ``tensor_cores`` (a device of compute capability 8.0 or more), images
     resized on both axes (gray, RGB or RGBA) take the MMA kernel when ``patch`` is even and
     their tiles fit ``mma_smem`` bytes; with ``mixed`` a channel count's plain and MMA tiles
-    then share one launch (``_mixed``), its plain tiles of ``MIXED_PLAIN_TILE``. With
-    ``ahead`` (about the blocks a device holds at once) each MMA and mixed launch's tile
-    names the rows of the tile ``ahead`` records on, for its block to fetch into L2
-    (``_ahead``).
+    then share one launch (``_mixed``), its plain tiles of ``MIXED_PLAIN_TILE``.
     """
     desc = np.zeros((len(jobs), len(FIELDS)), np.int64)
     chunks: list[np.ndarray[Any, np.dtype[np.int32]]] = []
@@ -1000,8 +959,6 @@ def layout_of(
         )
     if mixed:
         groups, records = _mixed(groups, records)
-    if ahead > 0:
-        records = _ahead(groups, records, ahead)
     for a in (desc, tables, grids, tile_image, records):
         a.setflags(write=False)
     return Layout(

@@ -164,30 +164,17 @@ def _mma_smem(device: torch.device) -> int:
     return min(MMA_SMEM_BYTES, _cuda_limits(_index(device))[1] - 8 * 1024)
 
 
-AHEAD_BLOCKS = 3
-"""The distance, in blocks a multiprocessor (the MMA and mixed launches hold three), from a
-tile to the one whose rows its block fetches into L2 (``layout_of``'s ``ahead``); 0: none."""
-
-
-def _ahead(device: torch.device) -> int:
-    """``layout_of``'s ``ahead`` on ``device``: ``AHEAD_BLOCKS`` times its multiprocessors
-    (0 off CUDA: the host build fetches nothing ahead)."""
-    if device.type != "cuda":
-        return 0
-    return AHEAD_BLOCKS * _cuda_limits(_index(device))[2]
-
-
 def _index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
 @cache
-def _cuda_limits(index: int) -> tuple[bool, int, int]:
-    """A device's tensor cores (compute capability 8.0+), the shared memory a block may
-    opt in to and its multiprocessors, asked once per process."""
+def _cuda_limits(index: int) -> tuple[bool, int]:
+    """A device's tensor cores (compute capability 8.0+) and the shared memory a block may
+    opt in to, asked once per process."""
     props = torch.cuda.get_device_properties(index)
     optin = int(getattr(props, "shared_memory_per_block_optin", 48 * 1024))
-    return (props.major, props.minor) >= (8, 0), optin, int(props.multi_processor_count)
+    return (props.major, props.minor) >= (8, 0), optin
 
 
 @dataclass(frozen=True)
@@ -210,7 +197,6 @@ def _plan(
     tile_smem: int,
     tensor_cores: bool,
     mma_smem: int,
-    ahead: int = 0,
 ) -> _Plan:
     """Checks the images against their specs and lays out the launch (cached by value, so
     a repeated batch shape costs one lookup; refusals raise and are not cached)."""
@@ -243,9 +229,7 @@ def _plan(
                 row=None if rows is None else rows[i],
             )
         )
-    layout = layout_of(
-        tuple(jobs), pillow, p, tile_smem, tensor_cores, mma_smem, mixed=True, ahead=ahead
-    )
+    layout = layout_of(tuple(jobs), pillow, p, tile_smem, tensor_cores, mma_smem, mixed=True)
     return _Plan(layout, tuple(jobs), tuple(stats), p)
 
 
@@ -278,7 +262,6 @@ def preprocess_packed(
         TILE_SMEM_BYTES,
         _tensor_cores(src.device, launcher),
         _mma_smem(src.device),
-        _ahead(src.device),
     )
     layout, jobs, p = plan.layout, plan.jobs, plan.patch
     _check_source(src, layout)

@@ -101,13 +101,9 @@ enum Record {
   R_GRID_W = 15,      // patches per canvas row
   R_TABLE = 16,       // element offset of its image's normalise table
   R_FLAGS = 17,       // R_TWO_STEPS | R_V_FIRST | R_WHOLE | R_RAW | R_*_NARROW, or R_PLAIN
-  R_AHEAD = 18,       // the launch's record R_AHEAD on, whose rows this block fetches into
-  R_AHEAD_SRC_LO = 19,  // L2 (0: none; prefetch_ahead): their first byte in the source, the
-  R_AHEAD_SRC_HI = 20,  // bytes between rows, the bytes of a row and the rows (a record is
-  R_AHEAD_ROW_BYTES = 21,  // six 16-byte loads)
-  R_AHEAD_BYTES = 22,
-  R_AHEAD_H = 23,
-  NR = 24
+  R_PAD0 = 18,        // (a record is five 16-byte loads)
+  R_PAD1 = 19,
+  NR = 20
 };
 #define R_TWO_STEPS 1  // some used wide M-block takes MMA_KS 32-input steps
 #define R_V_FIRST 2    // Pillow resizes this image vertically first
@@ -1115,34 +1111,6 @@ __device__ __forceinline__ void copy_rows(const u8* src, int stride, int rows, i
   }
 }
 
-// The rows the tile R_AHEAD records on will stage (its window, or its pixels), and that
-// tile's record, fetched into L2 now (cp.async.bulk.prefetch.L2, a row a thread; compute
-// capability 9.0, else nothing). The host names the tile about a wave of blocks on, so the
-// block that takes it finds its rows in L2 where they would have come from HBM; a fetch
-// changes nothing but where bytes are (layout_of's ahead).
-__device__ __forceinline__ void prefetch_ahead(const u8* src, const int* tiles,
-                                               const int (&rec)[NR]) {
-#if !defined(MMWIRE_HOST_SHIM) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const int tid = threadIdx.y * blockDim.x + threadIdx.x, nt = blockDim.x * blockDim.y;
-  if (rec[R_AHEAD] == 0) return;
-  const u64 s = (u64)src + (((u64)(unsigned)rec[R_AHEAD_SRC_HI] << 32) |
-                            (unsigned)rec[R_AHEAD_SRC_LO]);
-  const unsigned bytes = (unsigned)rec[R_AHEAD_BYTES], stride = (unsigned)rec[R_AHEAD_ROW_BYTES];
-  for (int r = tid; r < rec[R_AHEAD_H]; r += nt) {
-    const u64 at = s + (u64)r * stride;
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(at & ~15ull),
-                 "r"(((unsigned)(at & 15u) + bytes + 15u) & ~15u)
-                 : "memory");
-  }
-  if (tid == nt - 1) {  // (a record is 16-aligned: 96 bytes from a multiple of 16)
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(
-                     tiles + ((i64)blockIdx.x + rec[R_AHEAD]) * NR),
-                 "r"((unsigned)(NR * sizeof(int)))
-                 : "memory");
-  }
-#endif
-}
-
 // The row pitch of an unresized tile's staged pixels (copy_rows) for rows of `bytes` bytes:
 // room for a skew of up to 15 and whole 16-byte granules, and 80 or 112 past a multiple of
 // 128 (the next one up), where the write-out's lanes, about nine rows of a patch a warp,
@@ -1623,8 +1591,7 @@ template <int CH, bool VFIRST, bool RAW, typename T>
 __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* __restrict__ desc,
                                          const int* __restrict__ tab,
                                          const T* __restrict__ table, const int (&rec)[NR], i64* d,
-                                         T* tb, T* __restrict__ out, int p, u8* sm,
-                                         const int* tiles) {
+                                         T* tb, T* __restrict__ out, int p, u8* sm) {
   const int tid = threadIdx.y * blockDim.x + threadIdx.x, nt = blockDim.x * blockDim.y;
   const int g = (tid & 31) >> 2, t = tid & 3;  // the lane's group and place in it
   const int nph = rec[R_TILE_H], npw = rec[R_TILE_W];  // its patches
@@ -1748,7 +1715,6 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
       }
     }
   }
-  prefetch_ahead(src, tiles, rec);  // (after the tile's own loads)
   if (tid < TW) ((u64*)tb)[tid] = tw0;
   if (tid + nt < TW) ((u64*)tb)[tid + nt] = tw1;
 #pragma unroll 1
@@ -1887,8 +1853,7 @@ template <int CH, bool FLAT, typename T>
 __device__ __forceinline__ void plain_tile(const u8* __restrict__ src,
                                            const i64* __restrict__ desc,
                                            const T* __restrict__ table, const int (&rec)[NR],
-                                           i64* d, T* tb, T* __restrict__ out, int p, u8* sm,
-                                           const int* tiles) {
+                                           i64* d, T* tb, T* __restrict__ out, int p, u8* sm) {
   // the table and its header as 8-byte words
   block_copy((u64*)tb, (const u64*)(table + rec[R_TABLE]), (int)(NORM_STRIDE * sizeof(T) / 8));
   if constexpr (CH == 4) block_copy(d, desc + (i64)rec[R_IMAGE] * NF, NF);
@@ -1903,9 +1868,8 @@ __device__ __forceinline__ void plain_tile(const u8* __restrict__ src,
   if constexpr (STAGE) {
     MMWIRE_SMEM_CHECK(vh * staged.pitch);
     copy_rows(s0, row, vh, vw * CH, 15, sm, staged.pitch);
+    copy_wait();
   }
-  if constexpr (FLAT) prefetch_ahead(src, tiles, rec);  // (a mixed launch's; after its loads)
-  if constexpr (STAGE) copy_wait();
   __syncthreads();  // the block's normalise table (RGBA's d, and the staged pixels) in place
   with_norm(tb, [&](auto nm) __attribute__((always_inline)) {
     if constexpr (STAGE) {
@@ -2143,15 +2107,15 @@ __global__ void __launch_bounds__(FUSED_THREADS, KIND == PLAIN ? FUSED_PLAIN_MIN
       }
       u8* sm = (u8*)dynamic_smem();
       if constexpr (KIND == PLAIN) {
-        plain_tile<CH, false>(src, desc, table, rec, d, tb, out, p, sm, tiles);
+        plain_tile<CH, false>(src, desc, table, rec, d, tb, out, p, sm);
       } else if (KIND == MIXED && (rec[R_FLAGS] & R_PLAIN)) {
-        if constexpr (KIND == MIXED) plain_tile<CH, true>(src, desc, table, rec, d, tb, out, p, sm, tiles);
+        if constexpr (KIND == MIXED) plain_tile<CH, true>(src, desc, table, rec, d, tb, out, p, sm);
       } else if (rec[R_FLAGS] & R_V_FIRST) {  // then straight to staging
-        mma_tile<CH, true, false, T>(src, desc, tab, table, rec, d, tb, out, p, sm, tiles);
+        mma_tile<CH, true, false, T>(src, desc, tab, table, rec, d, tb, out, p, sm);
       } else if (CH != 4 && (rec[R_FLAGS] & R_RAW) && ((u64)src & 3) == 0) {
-        mma_tile<CH, false, CH != 4, T>(src, desc, tab, table, rec, d, tb, out, p, sm, tiles);
+        mma_tile<CH, false, CH != 4, T>(src, desc, tab, table, rec, d, tb, out, p, sm);
       } else {
-        mma_tile<CH, false, false, T>(src, desc, tab, table, rec, d, tb, out, p, sm, tiles);
+        mma_tile<CH, false, false, T>(src, desc, tab, table, rec, d, tb, out, p, sm);
       }
       return;
     }

@@ -247,41 +247,6 @@ def test_a_mixed_layout_interleaves_a_channel_counts_plain_and_mma_records() -> 
     assert plain[last_mma + 1 :].sum() == after and abs(after - n_mixed * MIXED_TAIL) <= 1
 
 
-@pytest.mark.parametrize("ahead", [1, 3])
-def test_mma_and_mixed_records_name_the_rows_of_the_tile_ahead(ahead: int) -> None:
-    # each MMA and mixed launch's tile i names tile i + ahead of the same launch (its rows,
-    # for its block to fetch into L2); past the launch's end, and in plain launches, none
-    jobs = (
-        ImageJob(260, 200, 3, 130, 100, grid_w=10, patches=80),  # MMA, RGB
-        ImageJob(140, 84, 3, 140, 84, grid_w=10, patches=60),  # plain, RGB: mixed with it
-        ImageJob(170, 123, 1, 85, 62, grid_w=7, patches=35),  # MMA, gray
-        ImageJob(56, 56, 4, 56, 56, grid_w=4, patches=16),  # plain, RGBA: a plain launch
-    )
-    base = layout_of(jobs, (13, 0), 14, tensor_cores=True, mixed=True)
-    layout = layout_of(jobs, (13, 0), 14, tensor_cores=True, mixed=True, ahead=ahead)
-    assert [g[1] for g in layout.tile_groups] == ["mma", "mixed", "plain"]
-    f = {name: i for i, name in enumerate(RECORD_FIELDS)}
-    own = [i for i in range(len(RECORD_FIELDS)) if not RECORD_FIELDS[i].startswith("R_AHEAD")]
-    assert (layout.tile_records[:, own] == base.tile_records[:, own]).all()
-    at = 0
-    for ch, kind, _, count in layout.tile_groups:
-        recs = layout.tile_records[at : at + count].astype(np.int64)
-        for i, r in enumerate(recs):
-            if kind == "plain" or i + ahead >= count:
-                assert r[[f[n] for n in RECORD_FIELDS if n.startswith("R_AHEAD")]].tolist() == [0] * 6
-                continue
-            t = recs[i + ahead]
-            assert r[f["R_AHEAD"]] == ahead
-            assert (r[f["R_AHEAD_SRC_LO"]], r[f["R_AHEAD_SRC_HI"]]) == (
-                t[f["R_SRC_LO"]],
-                t[f["R_SRC_HI"]],
-            )
-            assert r[f["R_AHEAD_ROW_BYTES"]] == t[f["R_ROW_BYTES"]]
-            assert r[f["R_AHEAD_BYTES"]] == t[f["R_USED_W"]] * ch
-            assert r[f["R_AHEAD_H"]] == t[f["R_USED_H"]]
-        at += count
-
-
 def test_host_mixes_plain_and_mma_tiles_in_one_launch(
     host_lib: Path, rng: np.random.Generator
 ) -> None:
