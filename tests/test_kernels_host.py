@@ -44,7 +44,7 @@ from mmwire.kernels._descriptors import (
     NORM_STRIDE,
     NORM_VALUES,
 )
-from mmwire.materialize import bicubic_coefficients, resize_reference
+from mmwire.materialize import ProcessorConfig, bicubic_coefficients, resize_reference
 from PIL import Image
 
 
@@ -728,6 +728,32 @@ def test_host_mma_kernel_gives_the_same_bytes_for_any_number_of_warps(
     host: HostLauncher, rng: np.random.Generator, warps: int
 ) -> None:
     items = case("tensor_core_scales", rng)
+    want_pv, _ = reference(items, torch.bfloat16)
+    host.mma_block = (32, warps)
+    try:
+        got_pv, _ = kernels(items, torch.bfloat16, "cpu", host)
+    finally:
+        host.mma_block = (32, 2)
+    assert differing(got_pv, want_pv) == 0
+
+
+@pytest.mark.parametrize("warps", [1, 8])
+def test_host_mma_kernel_stages_rows_of_up_to_twice_a_warps_granules(
+    host: HostLauncher, rng: np.random.Generator, warps: int
+) -> None:
+    # raw windows whose rows take 33 to 64 16-byte granules: copy_rows gives each thread
+    # two predicated copies a row (one a row at warps=1, four rows a round at 8)
+    items = [
+        (rng.integers(0, 256, (150, 700, 3), dtype=np.uint8), ProcessorConfig(in_patch_limit=128)),
+        (rng.integers(0, 256, (240, 600, 3), dtype=np.uint8), ProcessorConfig(in_patch_limit=160)),
+    ]
+    specs = [cfg.spec_for(im.shape[1], im.shape[0]) for im, cfg in items]
+    shapes = tuple(im.shape for im, _ in items)
+    plan = _ops._plan(shapes, tuple(specs), None, None, _ops.TILE_SMEM_BYTES, True, 73216)
+    rec = plan.layout.tile_records
+    raw = (rec[:, RECORD_FIELDS.index("R_FLAGS")] & 8) != 0
+    granules = (3 * rec[raw, RECORD_FIELDS.index("R_USED_W")] + 12 + 15) // 16
+    assert ((granules > 32) & (granules <= 64)).sum() >= 20
     want_pv, _ = reference(items, torch.bfloat16)
     host.mma_block = (32, warps)
     try:
