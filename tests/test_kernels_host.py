@@ -742,14 +742,16 @@ def test_host_mma_kernel_stages_rows_of_up_to_twice_a_warps_granules(
     host: HostLauncher, rng: np.random.Generator, warps: int
 ) -> None:
     # raw windows whose rows take 33 to 64 16-byte granules: copy_rows gives each thread
-    # two predicated copies a row (one a row at warps=1, four rows a round at 8)
+    # two predicated copies a row, a warp a row (one row a step at one warp, eight at 8)
     items = [
         (rng.integers(0, 256, (150, 700, 3), dtype=np.uint8), ProcessorConfig(in_patch_limit=128)),
         (rng.integers(0, 256, (240, 600, 3), dtype=np.uint8), ProcessorConfig(in_patch_limit=160)),
     ]
     specs = [cfg.spec_for(im.shape[1], im.shape[0]) for im, cfg in items]
     shapes = tuple(im.shape for im, _ in items)
-    plan = _ops._plan(shapes, tuple(specs), None, None, _ops.TILE_SMEM_BYTES, True, 73216)
+    plan = _ops._plan(
+        shapes, tuple(specs), None, None, _ops.TILE_SMEM_BYTES, True, _ops.MMA_SMEM_BYTES
+    )
     rec = plan.layout.tile_records
     raw = (rec[:, RECORD_FIELDS.index("R_FLAGS")] & 8) != 0
     granules = (3 * rec[raw, RECORD_FIELDS.index("R_USED_W")] + 12 + 15) // 16
