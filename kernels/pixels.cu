@@ -2030,6 +2030,25 @@ __device__ __forceinline__ void fused_tile(const u8* __restrict__ src, const u8*
   }
 }
 
+// The record of the block about a wave on (three blocks a multiprocessor, as MMA and mixed
+// launches hold: %nsmid x 3 records on), fetched into L2 by one thread (compute capability
+// 9.0; nothing elsewhere): a record is read once, by its own block as the first thing it
+// does, so it came from HBM, and every warp of the block waited on it. A fetch changes
+// nothing but where the record's bytes are.
+__device__ __forceinline__ void prefetch_record_ahead(const int* tiles) {
+#if !defined(MMWIRE_HOST_SHIM) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (threadIdx.x != 0 || threadIdx.y != 0) return;
+  unsigned sms;
+  asm("mov.u32 %0, %%nsmid;" : "=r"(sms));
+  const unsigned long long next = (unsigned long long)blockIdx.x + 3ull * sms;
+  if (next < gridDim.x) {  // (a record: NR words from a multiple of 16 bytes)
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(tiles + next * NR),
+                 "n"(NR * 4)
+                 : "memory");
+  }
+#endif
+}
+
 // Programmatic dependent launch (compute capability 9.0; no-ops elsewhere): the host
 // launches each fused launch of a call after its first with programmatic stream
 // serialization (`overlapping`), so its blocks may start while the launch before it
@@ -2107,6 +2126,7 @@ __global__ void __launch_bounds__(FUSED_THREADS, KIND == PLAIN ? FUSED_PLAIN_MIN
         rec[4 * i + 2] = (int)w.z;
         rec[4 * i + 3] = (int)w.w;
       }
+      if constexpr (KIND != PLAIN) prefetch_record_ahead(tiles);
       u8* sm = (u8*)dynamic_smem();
       if constexpr (KIND == PLAIN) {
         plain_tile<CH, false>(src, desc, table, rec, d, tb, out, p, sm);
