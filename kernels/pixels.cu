@@ -2030,26 +2030,6 @@ __device__ __forceinline__ void fused_tile(const u8* __restrict__ src, const u8*
   }
 }
 
-// The record of the block about a wave on (three blocks a multiprocessor, as MMA and mixed
-// launches hold: %nsmid x 3 records on), fetched into L2 by one thread (compute capability
-// 9.0; nothing elsewhere): a record is read once, by its own block as the first thing it
-// does, so it came from HBM, and every warp of the block waited on it (4.6 % of the mixed
-// batch's stall samples); the mixed batch about 1 µs faster in both types on the H200
-// (bench/results/20261202-session34). A fetch changes nothing but where the bytes are.
-__device__ __forceinline__ void prefetch_record_ahead(const int* tiles) {
-#if !defined(MMWIRE_HOST_SHIM) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (threadIdx.x != 0 || threadIdx.y != 0) return;
-  unsigned sms;
-  asm("mov.u32 %0, %%nsmid;" : "=r"(sms));
-  const unsigned long long next = (unsigned long long)blockIdx.x + 3ull * sms;
-  if (next < gridDim.x) {  // (a record: NR words from a multiple of 16 bytes)
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(tiles + next * NR),
-                 "n"(NR * 4)
-                 : "memory");
-  }
-#endif
-}
-
 // Programmatic dependent launch (compute capability 9.0; no-ops elsewhere): the host
 // launches each fused launch of a call after its first with programmatic stream
 // serialization (`overlapping`), so its blocks may start while the launch before it
@@ -2103,6 +2083,28 @@ __device__ __forceinline__ void wait_for_previous_launch() {
 #define FUSED_PLAIN_MIN_BLOCKS 8
 #define FUSED_MMA_MIN_BLOCKS 3
 enum Kind { GENERAL = 0, PLAIN = 1, MMA = 2, MIXED = 3 };
+
+// The record of the block about a wave on (the FUSED_MMA_MIN_BLOCKS a multiprocessor that
+// MMA and mixed launches hold: %nsmid times that many records on), fetched into L2 by one
+// thread (compute capability 9.0; nothing elsewhere): a record is read once, by its own
+// block as the first thing it does, so it came from HBM, and every warp of the block
+// waited on it (4.6 % of the mixed batch's stall samples); the mixed batch about 1 µs
+// faster in both types on the H200 (bench/results/20261202-session34). A fetch changes
+// nothing but where the bytes are.
+__device__ __forceinline__ void prefetch_record_ahead(const int* tiles) {
+#if !defined(MMWIRE_HOST_SHIM) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (threadIdx.x != 0 || threadIdx.y != 0) return;
+  unsigned sms;
+  asm("mov.u32 %0, %%nsmid;" : "=r"(sms));
+  const unsigned long long next = blockIdx.x + FUSED_MMA_MIN_BLOCKS * (unsigned long long)sms;
+  if (next < gridDim.x) {  // (a record: NR words from a multiple of 16 bytes)
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(tiles + next * NR),
+                 "n"(NR * 4)
+                 : "memory");
+  }
+#endif
+}
+
 template <typename T, int CH, int KIND>
 __global__ void __launch_bounds__(FUSED_THREADS, KIND == PLAIN ? FUSED_PLAIN_MIN_BLOCKS
                                                  : KIND == GENERAL ? FUSED_MIN_BLOCKS
