@@ -2084,19 +2084,20 @@ __device__ __forceinline__ void wait_for_previous_launch() {
 #define FUSED_MMA_MIN_BLOCKS 3
 enum Kind { GENERAL = 0, PLAIN = 1, MMA = 2, MIXED = 3 };
 
-// The record of the block about a wave on (the FUSED_MMA_MIN_BLOCKS a multiprocessor that
-// MMA and mixed launches hold: %nsmid times that many records on), fetched into L2 by one
-// thread (compute capability 9.0; nothing elsewhere): a record is read once, by its own
-// block as the first thing it does, so it came from HBM, and every warp of the block
-// waited on it (4.6 % of the mixed batch's stall samples); the mixed batch about 1 µs
-// faster in both types on the H200 (bench/results/20261202-session34). A fetch changes
-// nothing but where the bytes are.
+// The record of the block about a wave on (BLOCKS, the blocks a multiprocessor the launch's
+// kind holds: %nsmid times that many records on), fetched into L2 by one thread (compute
+// capability 9.0; nothing elsewhere): a record is read once, by its own block as the first
+// thing it does, so it came from HBM, and every warp of the block waited on it (4.6 % of the
+// mixed batch's stall samples); the mixed batch about 1 µs faster in both types on the H200
+// (bench/results/20261202-session34). Two, four or six waves on were level with three
+// (bench/results/20261202-session35). A fetch changes nothing but where the bytes are.
+template <int BLOCKS>
 __device__ __forceinline__ void prefetch_record_ahead(const int* tiles) {
 #if !defined(MMWIRE_HOST_SHIM) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (threadIdx.x != 0 || threadIdx.y != 0) return;
   unsigned sms;
   asm("mov.u32 %0, %%nsmid;" : "=r"(sms));
-  const unsigned long long next = blockIdx.x + FUSED_MMA_MIN_BLOCKS * (unsigned long long)sms;
+  const unsigned long long next = blockIdx.x + BLOCKS * (unsigned long long)sms;
   if (next < gridDim.x) {  // (a record: NR words from a multiple of 16 bytes)
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(tiles + next * NR),
                  "n"(NR * 4)
@@ -2129,7 +2130,9 @@ __global__ void __launch_bounds__(FUSED_THREADS, KIND == PLAIN ? FUSED_PLAIN_MIN
         rec[4 * i + 2] = (int)w.z;
         rec[4 * i + 3] = (int)w.w;
       }
-      if constexpr (KIND != PLAIN) prefetch_record_ahead(tiles);
+      // (plain launches too: the seed batch's in fp32 0.3-0.5 µs faster, bench/results/
+      // 20261202-session35)
+      prefetch_record_ahead<KIND == PLAIN ? FUSED_PLAIN_MIN_BLOCKS : FUSED_MMA_MIN_BLOCKS>(tiles);
       u8* sm = (u8*)dynamic_smem();
       if constexpr (KIND == PLAIN) {
         plain_tile<CH, false>(src, desc, table, rec, d, tb, out, p, sm);
