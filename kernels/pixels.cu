@@ -2130,8 +2130,8 @@ __global__ void __launch_bounds__(FUSED_THREADS, KIND == PLAIN ? FUSED_PLAIN_MIN
         rec[4 * i + 2] = (int)w.z;
         rec[4 * i + 3] = (int)w.w;
       }
-      // (plain launches too: the seed batch's in fp32 0.3-0.5 µs faster, bench/results/
-      // 20261202-session35)
+      // (plain launches too: the fp32 seed batch 0.1-0.5 µs faster in two A/B calls, level
+      // in bf16 and in the bench; bench/results/20261202-session35)
       prefetch_record_ahead<KIND == PLAIN ? FUSED_PLAIN_MIN_BLOCKS : FUSED_MMA_MIN_BLOCKS>(tiles);
       u8* sm = (u8*)dynamic_smem();
       if constexpr (KIND == PLAIN) {
