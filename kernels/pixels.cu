@@ -1086,7 +1086,10 @@ __device__ __forceinline__ void copy_rows(const u8* src, int stride, int rows, i
   } else if (most <= (2 << lg)) {  // two a thread, the second `lanes` on, both predicated
     // (the 4000 x 3000 photo's raw rows of 43 granules: the loop below took about 25
     // instructions a copy; this 0.4 µs faster on the bf16 mixed batch:
-    // bench/results/20261202-session34)
+    // bench/results/20261202-session34). It repeats the branch above with a second copy:
+    // one loop templated on the copies a thread, the same arithmetic, made 32 more SASS
+    // instructions and 8-byte spills in the gray MMA and mixed kernels, unmeasured on the
+    // GPU, so the two stay apart.
     const int past = at - bytes, past2 = past + lanes;
     int r = tid >> lg;
 #pragma unroll 1
