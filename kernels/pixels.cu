@@ -2092,8 +2092,9 @@ enum Kind { GENERAL = 0, PLAIN = 1, MMA = 2, MIXED = 3 };
 // capability 9.0; nothing elsewhere): a record is read once, by its own block as the first
 // thing it does, so it came from HBM, and every warp of the block waited on it (4.6 % of the
 // mixed batch's stall samples); the mixed batch about 1 µs faster in both types on the H200
-// (bench/results/20261202-session34). Two, four or six waves on were level with three
-// (bench/results/20261202-session35). A fetch changes nothing but where the bytes are.
+// (bench/results/20261202-session34). Two or four waves on were level with three, six
+// slower (bench/results/20261202-session35). A fetch changes nothing but where the bytes
+// are.
 template <int BLOCKS>
 __device__ __forceinline__ void prefetch_record_ahead(const int* tiles) {
 #if !defined(MMWIRE_HOST_SHIM) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
