@@ -2087,14 +2087,21 @@ __device__ __forceinline__ void wait_for_previous_launch() {
 #define FUSED_MMA_MIN_BLOCKS 3
 enum Kind { GENERAL = 0, PLAIN = 1, MMA = 2, MIXED = 3 };
 
+// The resident blocks a multiprocessor a kind's launch asks for (its launch bounds).
+__host__ __device__ constexpr int fused_min_blocks(int kind) {
+  return kind == PLAIN     ? FUSED_PLAIN_MIN_BLOCKS
+         : kind == GENERAL ? FUSED_MIN_BLOCKS
+                           : FUSED_MMA_MIN_BLOCKS;
+}
+
 // The record of the block about a wave on (BLOCKS, the blocks a multiprocessor the launch's
-// kind holds: %nsmid times that many records on), fetched into L2 by one thread (compute
-// capability 9.0; nothing elsewhere): a record is read once, by its own block as the first
-// thing it does, so it came from HBM, and every warp of the block waited on it (4.6 % of the
-// mixed batch's stall samples); the mixed batch about 1 µs faster in both types on the H200
-// (bench/results/20261202-session34). Two or four waves on were level with three, six
-// slower (bench/results/20261202-session35). A fetch changes nothing but where the bytes
-// are.
+// kind holds, fused_min_blocks: %nsmid times that many records on), fetched into L2 by one
+// thread (compute capability 9.0; nothing elsewhere): a record is read once, by its own
+// block as the first thing it does, so it came from HBM, and every warp of the block waited
+// on it (4.6 % of the mixed batch's stall samples); the mixed batch about 1 µs faster in
+// both types on the H200 (bench/results/20261202-session34). Two or four waves on were
+// level with three, six slower (bench/results/20261202-session35). A fetch changes nothing
+// but where the bytes are.
 template <int BLOCKS>
 __device__ __forceinline__ void prefetch_record_ahead(const int* tiles) {
 #if !defined(MMWIRE_HOST_SHIM) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -2111,9 +2118,7 @@ __device__ __forceinline__ void prefetch_record_ahead(const int* tiles) {
 }
 
 template <typename T, int CH, int KIND>
-__global__ void __launch_bounds__(FUSED_THREADS, KIND == PLAIN ? FUSED_PLAIN_MIN_BLOCKS
-                                                 : KIND == GENERAL ? FUSED_MIN_BLOCKS
-                                                                   : FUSED_MMA_MIN_BLOCKS)
+__global__ void __launch_bounds__(FUSED_THREADS, fused_min_blocks(KIND))
     fused(const u8* __restrict__ src, const u8* __restrict__ mid, const i64* __restrict__ desc,
           const int* __restrict__ tab, const T* __restrict__ table,
           const int* __restrict__ tiles, T* __restrict__ out, int patch, int first_tile,
@@ -2136,7 +2141,7 @@ __global__ void __launch_bounds__(FUSED_THREADS, KIND == PLAIN ? FUSED_PLAIN_MIN
       }
       // (plain launches too: the fp32 seed batch 0.1-0.5 µs faster in two A/B calls, level
       // in bf16 and in the bench; bench/results/20261202-session35)
-      prefetch_record_ahead<KIND == PLAIN ? FUSED_PLAIN_MIN_BLOCKS : FUSED_MMA_MIN_BLOCKS>(tiles);
+      prefetch_record_ahead<fused_min_blocks(KIND)>(tiles);
       u8* sm = (u8*)dynamic_smem();
       if constexpr (KIND == PLAIN) {
         plain_tile<CH, false>(src, desc, table, rec, d, tb, out, p, sm);

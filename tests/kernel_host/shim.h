@@ -14,6 +14,7 @@
 #define MMWIRE_HOST_SHIM 1
 #define __global__
 #define __device__
+#define __host__
 #define __forceinline__ inline
 #define __restrict__ __restrict
 #define __shared__ static  // one block at a time, so one copy serves the block's threads
