@@ -38,6 +38,7 @@ from mmwire.kernels import (
     resize_packed,
 )
 from mmwire.kernels._descriptors import (
+    _RAW,
     MIXED_PLAIN_TILE,
     MIXED_TAIL,
     NORM_HEADER,
@@ -753,7 +754,7 @@ def test_host_mma_kernel_stages_rows_of_up_to_twice_a_warps_granules(
         shapes, tuple(specs), None, None, _ops.TILE_SMEM_BYTES, True, _ops.MMA_SMEM_BYTES
     )
     rec = plan.layout.tile_records
-    raw = (rec[:, RECORD_FIELDS.index("R_FLAGS")] & 8) != 0
+    raw = (rec[:, RECORD_FIELDS.index("R_FLAGS")] & _RAW) != 0
     granules = (3 * rec[raw, RECORD_FIELDS.index("R_USED_W")] + 12 + 15) // 16
     assert ((granules > 32) & (granules <= 64)).sum() >= 20
     want_pv, _ = reference(items, torch.bfloat16)
@@ -785,7 +786,7 @@ def test_host_mma_kernel_stages_planes_from_a_source_off_a_word(
         True,
         _ops._mma_smem(src.device),
     )
-    assert (plan.layout.tile_records[:, RECORD_FIELDS.index("R_FLAGS")] & 8).any()
+    assert (plan.layout.tile_records[:, RECORD_FIELDS.index("R_FLAGS")] & _RAW).any()
     for source in (src, off):
         got_pv, _ = preprocess_packed(source, shapes, specs, torch.bfloat16, launcher=host)
         assert differing(got_pv, want_pv) == 0
