@@ -705,66 +705,47 @@ struct Units {
   }
 };
 
-// Calls f(r, ry, cx, at) for each unit of a tile's patches (nph x npw) a thread writes:
-// ry[i], cx[i] the tile pixel of its run i, r[i] = row(ry[i]) (the caller's row of it: a
-// pointer, worked out when a thread's row changes, not at each unit), `at` its first
-// value's offset from the tile's first patch (32-bit; gw patches a canvas row). Where a
-// patch plane has no more units than the block has threads, the block takes `per` patches
-// at a time, thread tid unit tid % units of patch tid / units (threads past per * units take
-// none): the same unit of every patch it visits, so where its runs lie in a patch is worked
-// out once (the MMA tiles' write-out measured faster so: bench/results/20261201-mma-units),
-// and a move adds to cx and at, and to ry past a row of patches. Else the Units walk.
-template <int U, typename Row, typename F>
-__device__ __forceinline__ void for_each_unit(int p, int nph, int npw, int gw, Row row, F f) {
+// Calls f(ry, cx, at) for each unit of a tile's patches (nph x npw) a thread writes: ry[i],
+// cx[i] the tile pixel of its run i, `at` its first value's offset from the tile's first
+// patch (32-bit; gw patches a canvas row). Where a patch plane has no more units than the
+// block has threads, the block takes `per` patches at a time, thread tid unit tid % units
+// of patch tid / units (threads past per * units take none): the same unit of every patch
+// it visits, so where its runs lie in a patch is worked out once and a move divides nothing
+// (the MMA tiles' write-out measured faster so: bench/results/20261201-mma-units). Else
+// the Units walk.
+template <int U, typename F>
+__device__ __forceinline__ void for_each_unit(int p, int nph, int npw, int gw, F f) {
   const int tid = threadIdx.y * blockDim.x + threadIdx.x, nt = blockDim.x * blockDim.y;
   const int pp = p * p, units = pp / U;
   int ry[U / 2], cx[U / 2];
-  decltype(row(0)) r[U / 2];
   if (units > nt) {
     for (Units<U> k(p, npw); k.ky < nph; k.next(npw)) {
 #pragma unroll
-      for (int run = 0; run < U / 2; ++run) {
-        k.run_at(run, p, ry[run], cx[run]);
-        r[run] = row(ry[run]);
-      }
-      f(r, ry, cx, k.offset(p, gw));
+      for (int run = 0; run < U / 2; ++run) k.run_at(run, p, ry[run], cx[run]);
+      f(ry, cx, k.offset(p, gw));
     }
     return;
   }
   const int per = div_small(nt, units), k = div_small(tid, units), u = tid - k * units;
-  int ky = k < per ? div_small(k, npw) : nph, kx = k - ky * npw;
-  if (ky >= nph) return;
+  int py[U / 2], px[U / 2];
 #pragma unroll
   for (int run = 0; run < U / 2; ++run) {
     const int e = U * u + 2 * run;  // the run's first value in the plane
-    const int py = div_small(e, p);
-    ry[run] = ky * p + py;
-    cx[run] = kx * p + e - py * p;
-    r[run] = row(ry[run]);
+    py[run] = div_small(e, p);
+    px[run] = e - py[run] * p;
   }
-  int at = (ky * gw + kx) * 3 * pp + U * u;
-  const int dcx = per * p, dat = per * 3 * pp;  // a move of `per` patches along a row
-  const int wrap_cx = npw * p, wrap_at = (gw - npw) * 3 * pp;  // and past a row of patches
-  for (;;) {
-    f(r, ry, cx, at);
+  int ky = k < per ? div_small(k, npw) : nph, kx = k - ky * npw;
+  while (ky < nph) {
+#pragma unroll
+    for (int run = 0; run < U / 2; ++run) {
+      ry[run] = ky * p + py[run];
+      cx[run] = kx * p + px[run];
+    }
+    f(ry, cx, (ky * gw + kx) * 3 * pp + U * u);
     kx += per;
-    at += dat;
-#pragma unroll
-    for (int run = 0; run < U / 2; ++run) cx[run] += dcx;
-    if (kx >= npw) {
-      do {
-        kx -= npw;
-        ++ky;
-        at += wrap_at;
-#pragma unroll
-        for (int run = 0; run < U / 2; ++run) {
-          cx[run] -= wrap_cx;
-          ry[run] += p;
-        }
-      } while (kx >= npw);
-      if (ky >= nph) return;
-#pragma unroll
-      for (int run = 0; run < U / 2; ++run) r[run] = row(ry[run]);
+    while (kx >= npw) {
+      kx -= npw;
+      ++ky;
     }
   }
 }
@@ -886,21 +867,18 @@ __device__ __forceinline__ void plain_units(const Rows& rows, const i64* d, cons
   // the loop is compiled without the checks (most tiles; those at the canvas's right and
   // bottom edges take the general loop)
   auto units = [&](auto inside) {
-    auto row = [&](int ry) -> const u8* { return rows.row(ry); };
-    auto unit = [&](const u8* const (&s)[U / 2], const int (&ry)[U / 2],
-                    const int (&cx)[U / 2], int at) {
+    for_each_unit<U>(p, nph, npw, gw, [&](const int (&ry)[U / 2], const int (&cx)[U / 2], int at) {
       typename Norm::V r[3][U];
 #pragma unroll
       for (int run = 0; run < U / 2; ++run) {
         // the run's pixels in the image
         const int n = decltype(inside)::value ? 2 : ry[run] < vh ? min(2, vw - cx[run]) : 0;
-        run_values<CH, 2, Rows::SHARED>(s[run] + cx[run] * CH, n, d, y0 + ry[run],
+        run_values<CH, 2, Rows::SHARED>(rows.row(ry[run]) + cx[run] * CH, n, d, y0 + ry[run],
                                         x0 + cx[run], norm, r, 2 * run);
       }
 #pragma unroll
       for (int c = 0; c < 3; ++c) norm.template store<U>(o0 + at + c * pp, r[c]);
-    };
-    for_each_unit<U>(p, nph, npw, gw, row, unit);
+    });
   };
   if (vh == nph * p && vw == npw * p) {
     units(Int<1>());
@@ -1822,14 +1800,11 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
   auto write_units = [&](auto unit, auto norm) {
     constexpr int U = decltype(unit)::value;
     using Norm = decltype(norm);
-    auto row = [&](int ry) -> const u8* { return ob + ry * op; };
-    for_each_unit<U>(p, nph, npw, gw, row, [&](const u8* const (&s)[U / 2],
-                                               const int (&ry)[U / 2], const int (&cx)[U / 2],
-                                               int at) {
+    for_each_unit<U>(p, nph, npw, gw, [&](const int (&ry)[U / 2], const int (&cx)[U / 2], int at) {
       typename Norm::V r[3][U];
 #pragma unroll
       for (int run = 0; run < U / 2; ++run) {
-        const u8* b = s[run] + cx[run];
+        const u8* b = ob + ry[run] * op + cx[run];
         if constexpr (CH == 4) {
           unsigned pair[4];
 #pragma unroll
