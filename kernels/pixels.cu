@@ -910,8 +910,6 @@ __device__ __forceinline__ void plain_units(const Rows& rows, const i64* d, cons
 #define MMA_KS 2  // the most 32-input steps of one 16-output block (host: _MMA_STEPS)
 #define MMA_MAX_BLOCKS 16  // the most M-blocks along a tile's side (host: _MMA_MAX_BLOCKS)
 #define MMA_STAGE_GROUPS 4  // groups of 4 pixels a thread loads at once when staging rows
-#define MMA_ROW_GROUPS 16   // the most groups a raw window's rows arrive in (copy_row_groups)
-#define MMA_ROW_GROUP_LG 4  // of 2^MMA_ROW_GROUP_LG rows each, or a power of two more
 
 #ifndef MMWIRE_HOST_SHIM
 // d = A (16 x 32, row) * B (32 x 8, col) + (FIRST ? init : d); A and B signed or unsigned
@@ -1038,81 +1036,7 @@ __device__ __forceinline__ void copy_wait() {
   asm volatile("cp.async.wait_all;" ::: "memory");
 #endif
 }
-
-// An mbarrier in shared memory (a raw MMA window's group of rows: copy_row_groups), complete
-// in its phase 0 once `count` arrivals are made; set up by one thread before a barrier.
-__device__ __forceinline__ void rows_bar_init(u64* bar, int count) {
-#if __CUDA_ARCH__ >= 800
-  asm volatile("mbarrier.init.shared.b64 [%0], %1;" ::"r"(
-                   (unsigned)__cvta_generic_to_shared(bar)),
-               "r"(count)
-               : "memory");
-#else
-  __trap();  // MMA tiles only (compute capability 8.0 or more)
 #endif
-}
-
-// The thread's arrival on bar, made once the cp.async copies it has issued so far landed.
-__device__ __forceinline__ void copies_arrive(u64* bar) {
-#if __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(
-                   (unsigned)__cvta_generic_to_shared(bar))
-               : "memory");
-#else
-  __trap();  // MMA tiles only (compute capability 8.0 or more)
-#endif
-}
-
-// Waits until bar's phase 0 is complete: every arrival made, so every copy before one landed.
-__device__ __forceinline__ void rows_bar_wait(u64* bar) {
-#if __CUDA_ARCH__ >= 900
-  asm volatile(
-      "{ .reg .pred done; WAIT: mbarrier.try_wait.parity.shared.b64 done, [%0], 0; "
-      "@!done bra WAIT; }" ::"r"((unsigned)__cvta_generic_to_shared(bar))
-      : "memory");
-#elif __CUDA_ARCH__ >= 800
-  asm volatile(
-      "{ .reg .pred done; WAIT: mbarrier.test_wait.parity.shared.b64 done, [%0], 0; "
-      "@!done bra WAIT; }" ::"r"((unsigned)__cvta_generic_to_shared(bar))
-      : "memory");
-#else
-  __trap();  // MMA tiles only (compute capability 8.0 or more)
-#endif
-}
-#endif
-
-// A thread's place in copy_rows' copies (and copy_row_groups'), set by start: 2^lg threads
-// take a row, a thread's granule `at` bytes into it, its first row `first` (tid >> lg), then
-// step_rows rows at a time; t is its row's first byte past the granule of src's, the
-// granule's first byte then at from + (t & ~15) (32-bit: the host refuses a tile whose rows
-// span 4 GiB, _records), `to` where it goes.
-struct RowCopies {
-  int most, lg, step_rows, at, lanes, first, dto;
-  const u8* from;
-  unsigned t, dt;
-  u8* to;
-  // false for a thread past the last whole group of 2^lg (a block of fewer threads than a
-  // power of two), which copies nothing
-  __device__ __forceinline__ bool start(const u8* src, int stride, int bytes, int skew, u8* dst,
-                                        int pitch, int shift) {
-    const int tid = threadIdx.y * blockDim.x + threadIdx.x, nt = blockDim.x * blockDim.y;
-    most = (bytes + skew + 15) >> 4;  // a row's granules at most
-    // the least lg with 2^lg >= most, but 2^lg at most nt and 32 (a loop of up to six
-    // rounds here cost 2.7 % of the MMA launch's instructions)
-    lg = min(min(most > 1 ? 32 - __clz(most - 1) : 0, 31 - __clz(nt)), 5);
-    step_rows = nt >> lg;
-    at = 16 * (tid & ((1 << lg) - 1));
-    lanes = 16 << lg;
-    if (tid >= step_rows << lg) return false;
-    first = tid >> lg;
-    from = (const u8*)(((u64)src & ~15ull) + (unsigned)at);
-    t = ((unsigned)(u64)src & 15u) + (unsigned)first * (unsigned)stride;
-    dt = (unsigned)step_rows * (unsigned)stride;
-    to = dst + first * pitch + (first >> 3) * shift + at;
-    dto = step_rows * pitch + (step_rows >> 3) * shift;
-    return true;
-  }
-};
 
 // Rows 0 .. rows - 1 of `bytes` bytes each, row r from src + r * stride, into shared memory
 // at dst (row r at dst + r * pitch, from the 16-byte granule of its first byte: that byte
@@ -1127,21 +1051,27 @@ struct RowCopies {
 // a shift only where nt is a multiple of 256, so that nt >> lg is one of 8).
 __device__ __forceinline__ void copy_rows(const u8* src, int stride, int rows, int bytes,
                                           int skew, u8* dst, int pitch, int shift = 0) {
-  RowCopies c;
-  if (!c.start(src, stride, bytes, skew, dst, pitch, shift)) return;
-  const int most = c.most, lg = c.lg, step_rows = c.step_rows, at = c.at, lanes = c.lanes;
-  const int dto = c.dto;
-  const u8* from = c.from;
-  unsigned t = c.t;
-  const unsigned dt = c.dt;
-  u8* to = c.to;
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x, nt = blockDim.x * blockDim.y;
+  const int most = (bytes + skew + 15) >> 4;  // a row's granules at most
+  // the least lg with 2^lg >= most, but 2^lg at most nt and 32 (a loop of up to six
+  // rounds here cost 2.7 % of the MMA launch's instructions)
+  const int lg = min(min(most > 1 ? 32 - __clz(most - 1) : 0, 31 - __clz(nt)), 5);
+  const int step_rows = nt >> lg, at = 16 * (tid & ((1 << lg) - 1)), lanes = 16 << lg;
+  if (tid >= step_rows << lg) return;  // a block of fewer threads than a power of two
+  // the row's first byte as t past the granule of src's (32-bit: the host refuses a tile
+  // whose rows span 4 GiB, _records), its granule's first byte then at from + (t & ~15)
+  const u8* from = (const u8*)(((u64)src & ~15ull) + (unsigned)at);
+  unsigned t = ((unsigned)(u64)src & 15u) + (unsigned)(tid >> lg) * (unsigned)stride;
+  const unsigned dt = (unsigned)step_rows * (unsigned)stride;
+  u8* to = dst + (tid >> lg) * pitch + ((tid >> lg) >> 3) * shift + at;
+  const int dto = step_rows * pitch + (step_rows >> 3) * shift;
   if (most <= (1 << lg)) {  // a row's granules at most one a thread (the usual case)
     // the thread's granule holds a byte of the row where at - bytes < the row's skew: a
     // predicated copy, no branch, so the rows' copies go out four at a time (about 10.5
     // instructions a row where a branch around each copy took 17; 0.4-1 µs faster on
     // the MMA batches: bench/results/20261201-staging-loads)
     const int past = at - bytes;
-    int r = c.first;
+    int r = tid >> lg;
 #pragma unroll 1
     for (; r + 3 * step_rows < rows; r += 4 * step_rows) {
 #pragma unroll
@@ -1161,7 +1091,7 @@ __device__ __forceinline__ void copy_rows(const u8* src, int stride, int rows, i
     // instructions and 8-byte spills in the gray MMA and mixed kernels, unmeasured on the
     // GPU, so the two stay apart.
     const int past = at - bytes, past2 = past + lanes;
-    int r = c.first;
+    int r = tid >> lg;
 #pragma unroll 1
     for (; r + 3 * step_rows < rows; r += 4 * step_rows) {
 #pragma unroll
@@ -1179,42 +1109,10 @@ __device__ __forceinline__ void copy_rows(const u8* src, int stride, int rows, i
     }
   } else {
 #pragma unroll 1
-    for (int r = c.first; r < rows; r += step_rows, t += dt, to += dto) {
+    for (int r = tid >> lg; r < rows; r += step_rows, t += dt, to += dto) {
       const unsigned end = (t & 15u) + bytes;
       for (unsigned o = 0; at + o < end; o += lanes) copy16(to + o, from + (t & ~15u) + o);
     }
-  }
-}
-
-
-// copy_rows (with its shift) in groups of `group` rows, the last group maybe fewer: each
-// thread issues its copies of group i, then arrives on bars[i] (copies_arrive: the arrival
-// is made once they landed), so group i's rows are in place once bars[i] completes, while
-// later groups' are still on their way. bars[i] counts every thread of the block (idle ones
-// arrive too). A raw MMA window's first pass starts on its first rows this way
-// (rows_bar_wait), where a barrier after all copies made it wait for the last.
-__device__ __forceinline__ void copy_row_groups(const u8* src, int stride, int rows, int bytes,
-                                                int skew, u8* dst, int pitch, int shift,
-                                                int group, u64* bars) {
-  RowCopies c;
-  const bool copies = c.start(src, stride, bytes, skew, dst, pitch, shift);
-  const int past = c.at - bytes;
-  int r = copies ? c.first : rows;
-  for (int end = 0, i = 0; end < rows; ++i) {
-    end = min(end + group, rows);
-    for (; r < end; r += c.step_rows, c.t += c.dt, c.to += c.dto) {
-      const u8* g = c.from + (c.t & ~15u);
-      const int skew_here = (int)(c.t & 15u);
-      if (c.most <= (2 << c.lg)) {  // one or two granules a thread, each predicated
-        copy16_if_less(c.to, g, past, skew_here);
-        if (c.most > (1 << c.lg)) copy16_if_less(c.to + c.lanes, g + c.lanes, past + c.lanes,
-                                                skew_here);
-      } else {
-        const unsigned end_byte = (unsigned)skew_here + bytes;
-        for (unsigned o = 0; c.at + o < end_byte; o += c.lanes) copy16(c.to + o, g + o);
-      }
-    }
-    copies_arrive(bars + i);
   }
 }
 
@@ -1421,12 +1319,6 @@ __device__ __forceinline__ void warp_tasks(const int* __restrict__ frags,
   }
 }
 
-// A pass's need(lb) (mma_pass, mma_pass_rgb: called before the tasks of N-block lb read their
-// lines) where they are in place before the pass starts: nothing to wait for.
-struct NoNeed {
-  __device__ __forceinline__ void operator()(int) const {}
-};
-
 // One pass of a tile: `blocks` M-blocks of 16 outputs (their spans, from the host's
 // _mma_axis: the inputs each block reads, (at, steps) int32 pairs: from its first tap
 // aligned down to 4, so a lane's 4 k values are one aligned word, `steps` of 32; their A
@@ -1442,18 +1334,15 @@ struct NoNeed {
 // rows output 16 j + g and 16 j + g + 8, columns lines 2 t and 2 t + 1 of the N-block.
 // W: WideWeights<the most 32-input steps of the tile's blocks>. ready(): the barrier after
 // which `in` is in place (warp_tasks calls it once the warp's first weights are on their
-// way), or where `in` arrives in groups of lines, need(lb) before a task reads N-block lb's
-// lines (the warp's tasks of a channel go up in lb; for CH = 1 only), which waits for them.
+// way).
 // W = NarrowWeights: blocks of 8 outputs, one step each, times N-blocks of 16 lines (the
 // pixels the A operand: a lane reads lines 2 g and 2 g + 1, lane_line); D's rows g and
 // g + 8 are then those lines, its columns outputs 8 j + 2 t and 8 j + 2 t + 1.
-template <int CH, typename W, typename Ready, typename OutAt, typename Done,
-          typename Need = NoNeed>
+template <int CH, typename W, typename Ready, typename OutAt, typename Done>
 __device__ __forceinline__ void mma_pass(const int* __restrict__ frags,
                                          const int* __restrict__ spans, int blocks, int lbs,
                                          const Lines& in, int out_plane, int out_step,
-                                         Ready ready, OutAt out_at, Done done,
-                                         Need need = NoNeed()) {
+                                         Ready ready, OutAt out_at, Done done) {
   const int lane = (threadIdx.y * blockDim.x + threadIdx.x) & 31;
   const u8* lane_in = in.first + 4 * (lane & 3) - __ldg(spans);
   warp_tasks<CH, W>(frags, spans, blocks, lbs, ready, [&](auto most_steps, const W& w, int j,
@@ -1485,16 +1374,10 @@ __device__ __forceinline__ void mma_pass(const int* __restrict__ frags,
 #pragma unroll
         for (int i = 0; i < N; ++i) done(o + i * out_step, acc[i]);
       };
-      int k = seg, nb = lb;  // nb: the next task's N-block
+      int k = seg;
 #pragma unroll 1
-      for (; k >= 2; k -= 2, nb += 2, l += 2 * in.step, o += 2 * out_step) {
-        need(nb + 1);
-        tasks(Int<2>());
-      }
-      if (k != 0) {
-        need(nb);
-        tasks(Int<1>());
-      }
+      for (; k >= 2; k -= 2, l += 2 * in.step, o += 2 * out_step) tasks(Int<2>());
+      if (k != 0) tasks(Int<1>());
     }
   });
 }
@@ -1555,13 +1438,13 @@ __device__ __forceinline__ void rgb_narrow_products(const unsigned (&b)[3][2], c
 // set of loads serves them, and their products interleave), so the window needs no
 // planes. in: the lane's rows (Lines: its row lane_line(g), its skew in the staged row
 // included; step, an N-block's rows on; no planes). done(m, acc) as mma_pass's, for each
-// channel's output at out_at(j) + c * out_plane. W, ready and need as mma_pass's (narrow:
-// N-blocks of 16 rows).
-template <typename W, typename Ready, typename OutAt, typename Done, typename Need>
+// channel's output at out_at(j) + c * out_plane. W as mma_pass's (narrow: N-blocks of 16
+// rows).
+template <typename W, typename Ready, typename OutAt, typename Done>
 __device__ __forceinline__ void mma_pass_rgb(const int* __restrict__ frags,
                                              const int* __restrict__ spans, int blocks, int lbs,
                                              const Lines& in, int out_plane, int out_step,
-                                             Ready ready, OutAt out_at, Done done, Need need) {
+                                             Ready ready, OutAt out_at, Done done) {
   const int lane = (threadIdx.y * blockDim.x + threadIdx.x) & 31;
   const u8* lane_in = in.first + 12 * (lane & 3) - 3 * __ldg(spans);
   const int step = in.step, odd = in.odd;
@@ -1572,7 +1455,6 @@ __device__ __forceinline__ void mma_pass_rgb(const int* __restrict__ frags,
     u8* o = out_at(j) + lb * out_step;
 #pragma unroll 1
     for (int k = 0; k < n; ++k, l += step, o += out_step) {
-      need(lb + k);
       int acc[3][3][4];
       if constexpr (W::NARROW) {
         rgb_narrow_products(w.b, l, odd, acc);
@@ -1709,10 +1591,7 @@ __device__ __forceinline__ void load_planes(const u8* __restrict__ row, int c, i
 // RGBA is premultiplied as it is staged (its alpha a fourth plane), and unpremultiplied and
 // composited as the patches are written (with its descriptor, copied into d meanwhile).
 // RAW (never with VFIRST or RGBA): the window is one plane of the source's rows, copied with
-// cp.async, and the first pass reads them skewed (mma_pass_rgb for RGB). Its rows arrive in
-// groups, each with an mbarrier (copy_row_groups), and each of the first pass's tasks waits
-// for the group of its own rows, not the block for the whole window: the first rows' tasks
-// run while the last rows are on their way.
+// cp.async, and the first pass reads them skewed (mma_pass_rgb for RGB).
 template <int CH, bool VFIRST, bool RAW, typename T>
 __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* __restrict__ desc,
                                          const int* __restrict__ tab,
@@ -1770,19 +1649,10 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
   MMWIRE_SMEM_CHECK(first + win_slack + CH * mid_plane + slack);
   const int rb = rec[R_ROW_BYTES];
   const u8* s = src + (i64)(((u64)(unsigned)rec[R_SRC_HI] << 32) | (unsigned)rec[R_SRC_LO]);
-  // RAW: the rows arrive in groups of 2^rg rows (MMA_ROW_GROUPS at most), each complete
-  // once its mbarrier (row_bars) is: the first pass's tasks wait for their own rows only
-  u64* row_bars = nullptr;
-  int rg = MMA_ROW_GROUP_LG;
   if constexpr (RAW) {
-    __shared__ u64 bars[MMA_ROW_GROUPS];
-    row_bars = bars;
-    while (MMA_ROW_GROUPS << rg < ur) ++rg;
-    if (tid < (ur + (1 << rg) - 1) >> rg) rows_bar_init(bars + tid, nt);
-    __syncthreads();  // the mbarriers are set up
     // the rows as they are, with cp.async. They start on a word (R_RAW), so their skews in
     // the granule are 0, 4, 8 or 12, and the same every 8 rows.
-    copy_row_groups(s, rb, ur, CH * uc, 12, win, wp, shift, 1 << rg, bars);
+    copy_rows(s, rb, ur, CH * uc, 12, win, wp, shift);
   } else {  // the window's rows and columns that the taps use
     const int groups = (uc + 3) >> 2;
     const int quads = VFIRST ? (ur + 3) >> 2 : ur;  // row groups of one work item
@@ -1870,11 +1740,9 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
       pass(WideWeights<MMA_KS>());
     }
   };
-  // the window, the block's normalise table (and RGBA's d) are in place; RAW waits for its
-  // rows task by task instead (need, below: the table is in place by the barrier after the
-  // first pass, before it is read)
   auto staged = [&] {
-    if constexpr (!RAW) __syncthreads();
+    if constexpr (RAW) copy_wait();  // this thread's copies have landed
+    __syncthreads();  // the window, the block's normalise table (and RGBA's d) are in place
   };
   // the first pass: its outputs (M) times window lines of a channel (N) into the
   // intermediate, a line of the other axis per output
@@ -1887,15 +1755,6 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
         auto to_mid = [&](u8* m, const int (&acc)[3][4]) { o.store(m, acc); };
         const int lg = lane_line<W>(g);
         if constexpr (RAW) {  // the lane's rows of the window (where copy_rows staged them)
-          int waited = -1;  // the last group of rows the thread waited for
-          // N-block lb's rows: the group of its last (of the staged ones) and those before
-          auto need = [&](int lb) {
-            const int i = (min((lb + 1) * W::LINES, ur) - 1) >> rg;
-            if (i > waited) {
-              rows_bar_wait(row_bars + i);
-              waited = i;
-            }
-          };
           const StagedRows rows{wp, (unsigned)(u64)s, (unsigned)rb, shift};
           const u8* lines = rows.row(lg);
           // an N-block's rows on (whole groups of 8: W::LINES / 8 shifts, as LINES times
@@ -1904,10 +1763,10 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
                          (int)(rows.row(lg + 1) - lines)};
           if constexpr (CH == 3) {
             mma_pass_rgb<W>(f1, s1, blocks, lbs, in, mid_plane, o.step(), staged, mid_at,
-                            to_mid, need);
+                            to_mid);
           } else {
             mma_pass<CH, W>(f1, s1, blocks, lbs, in, mid_plane, o.step(), staged, mid_at,
-                            to_mid, need);
+                            to_mid);
           }
         } else {
           mma_pass<CH, W>(f1, s1, blocks, lbs, Lines{win + lg * wp, win_plane, W::LINES * wp, wp},

@@ -221,35 +221,6 @@ def test_cuda_launcher_opts_in_when_the_kernels_own_arrays_pass_48_kib(
     assert differing(got, want) == 0
 
 
-@pytest.mark.skipif(
-    not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
-    reason="needs a device of compute capability 9.0 (228 KiB a multiprocessor)",
-)
-def test_cuda_mma_kernels_fit_three_blocks_a_multiprocessor() -> None:
-    # MMA_SMEM_BYTES is sized so three blocks of the MMA and mixed kinds share a
-    # multiprocessor with their static arrays (the row groups' mbarriers among them): one
-    # more static byte than the room left would drop them to two, silently, where the
-    # launches still run
-    from cuda.bindings import driver
-    from mmwire.kernels import CupyLauncher
-    from mmwire.kernels._descriptors import MMA_SMEM_BYTES
-    from mmwire.kernels._launch import _FUSED
-    from mmwire.kernels._ops import _MMA_BLOCK
-
-    launcher = CupyLauncher(torch.device("cuda"))
-    threads = _MMA_BLOCK[0] * _MMA_BLOCK[1]
-    for (_, _, kind), name in _FUSED.items():
-        if kind not in ("mma", "mixed"):
-            continue
-        fn, _ = launcher._function(name, None)
-        fn.max_dynamic_shared_size_bytes = MMA_SMEM_BYTES
-        err, blocks = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(
-            driver.CUfunction(fn.ptr), threads, MMA_SMEM_BYTES
-        )
-        assert err == driver.CUresult.CUDA_SUCCESS, (name, err)
-        assert blocks == 3, (name, blocks)
-
-
 def test_cuda_overlapping_launches_end_before_the_streams_next_work(
     rng: np.random.Generator,
 ) -> None:

@@ -10,9 +10,6 @@
 #include <barrier>
 #include <cmath>
 #include <cstring>
-#include <thread>
-#include <utility>
-#include <vector>
 
 #define MMWIRE_HOST_SHIM 1
 #define __global__
@@ -152,36 +149,14 @@ static inline void mma_k32(int (&d)[4], const unsigned (&a)[4], unsigned b0, uns
   w.meet->arrive_and_wait();
 }
 
-// cp.async of 16 bytes: the copy waits in its thread's list and lands at the thread's
-// copy_wait or next copies_arrive, the last moments the GPU's may land; until then shared
-// memory holds what was there, so a read that does not wait for it gets wrong bytes.
-static thread_local std::vector<std::pair<void*, const void*>> mmwire_copies;
-static inline void mmwire_land() {
-  for (const auto& [to, from] : mmwire_copies) std::memcpy(to, from, 16);
-  mmwire_copies.clear();
-}
-static inline void copy16(void* smem, const void* global) {
-  mmwire_copies.emplace_back(smem, global);
-}
+// cp.async of 16 bytes: copied at once, so there is nothing to wait for.
+static inline void copy16(void* smem, const void* global) { std::memcpy(smem, global, 16); }
 template <typename T>
 static inline T load_before_barrier(const T* p) { return *p; }
 static inline void copy16_if_less(void* smem, const void* global, int a, int b) {
   if (a < b) copy16(smem, global);
 }
-static inline void copy_wait() { mmwire_land(); }
-
-// An mbarrier's phase 0: the arrivals still to come; copies_arrive lands the thread's copies
-// first, and rows_bar_wait returns once none are left.
-static inline void rows_bar_init(unsigned long long* bar, int count) {
-  std::atomic_ref<unsigned long long>(*bar).store((unsigned long long)count);
-}
-static inline void copies_arrive(unsigned long long* bar) {
-  mmwire_land();
-  std::atomic_ref<unsigned long long>(*bar).fetch_sub(1);
-}
-static inline void rows_bar_wait(unsigned long long* bar) {
-  while (std::atomic_ref<unsigned long long>(*bar).load() != 0) std::this_thread::yield();
-}
+static inline void copy_wait() {}
 
 // lo and hi clamped to bytes, as bytes 0 and 1 (cvt.pack.sat.u8.s32.b32 with c = 0).
 static inline unsigned sat_pair(int lo, int hi) {
