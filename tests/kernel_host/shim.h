@@ -10,6 +10,8 @@
 #include <barrier>
 #include <cmath>
 #include <cstring>
+#include <utility>
+#include <vector>
 
 #define MMWIRE_HOST_SHIM 1
 #define __global__
@@ -149,14 +151,23 @@ static inline void mma_k32(int (&d)[4], const unsigned (&a)[4], unsigned b0, uns
   w.meet->arrive_and_wait();
 }
 
-// cp.async of 16 bytes: copied at once, so there is nothing to wait for.
-static inline void copy16(void* smem, const void* global) { std::memcpy(smem, global, 16); }
+// cp.async of 16 bytes: the copy waits in its thread's list and lands at the thread's
+// copy_wait, the last moment the GPU's may land; until then shared memory holds what was
+// there, so a read that does not wait for the copies (its own thread's copy_wait, then the
+// block's barrier for the others') gets wrong bytes here too.
+static thread_local std::vector<std::pair<void*, const void*>> mmwire_copies;
+static inline void copy16(void* smem, const void* global) {
+  mmwire_copies.emplace_back(smem, global);
+}
 template <typename T>
 static inline T load_before_barrier(const T* p) { return *p; }
 static inline void copy16_if_less(void* smem, const void* global, int a, int b) {
   if (a < b) copy16(smem, global);
 }
-static inline void copy_wait() {}
+static inline void copy_wait() {
+  for (const auto& [to, from] : mmwire_copies) std::memcpy(to, from, 16);
+  mmwire_copies.clear();
+}
 
 // lo and hi clamped to bytes, as bytes 0 and 1 (cvt.pack.sat.u8.s32.b32 with c = 0).
 static inline unsigned sat_pair(int lo, int hi) {
