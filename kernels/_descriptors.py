@@ -18,7 +18,9 @@ from mmwire.transport import Background
 __all__ = [
     "FIELDS",
     "KINDS",
+    "MIXED_PLAIN_GAMMA",
     "MIXED_PLAIN_TILE",
+    "MIXED_TAIL",
     "MMA_SMEM_BYTES",
     "RECORD_FIELDS",
     "TILE_PIXELS",
@@ -123,11 +125,20 @@ with ``cp.async`` (all loads in flight at once) in every type, so they run well 
 blocks' three a multiprocessor, beside them: the 8-image mixed batch 2.5 µs faster in fp32 on
 the H200 (bench/results/20261201-mixed-launch). The 16-bit types gain only with both their
 plain tiles staged and ``MIXED_PLAIN_TILE`` (bench/results/20261201-staged-plain)."""
-MIXED_TAIL = 0.2
-"""The share of a mixed launch's plain tiles that come after its last MMA tile: they fill the
-multiprocessors the MMA tiles' last wave leaves (0.3 measured best of 0, 0.3, 0.6 and 1; with
-``MIXED_PLAIN_TILE``, 0.2 was 0.9-1.0 µs faster than 0.3 in fp32 and 0.3-0.6 µs in bf16, and
-0.15 0.6 µs faster in fp32 but 0.4 µs slower in bf16: bench/results/20261201-staged-plain)."""
+MIXED_TAIL = 0.25
+"""Where a mixed launch's MMA tiles end among its plain tiles: the MMA tiles' sort keys
+spread over ``[0, 1 - MIXED_TAIL)``, so the plain tiles whose keys (``MIXED_PLAIN_GAMMA``)
+are past that come after every MMA tile and fill the multiprocessors the MMA tiles' last wave
+leaves. Once 0.2 (0.3 best of 0, 0.3, 0.6 and 1; with ``MIXED_PLAIN_TILE``, 0.2 0.9-1.0 µs
+faster than 0.3 in fp32 and 0.3-0.6 µs in bf16, bench/results/20261201-staged-plain); 0.25
+with ``MIXED_PLAIN_GAMMA`` 1.4 (below)."""
+MIXED_PLAIN_GAMMA = 1.4
+"""Plain tile ``j`` of ``n`` of a mixed launch sorts at ``((j + 1/2) / n) ** MIXED_PLAIN_GAMMA``:
+above 1 the plain tiles come earlier among the MMA tiles, and with ``MIXED_TAIL`` 0.25
+(1 - 0.75 ** (1 / 1.4)), about 19 %, come after the last MMA tile. Against 1 and 0.2 the
+8-image mixed batch ran 0.3 µs (bf16) and 0.8 µs (fp32) faster in three H200 A/B rounds, and
+0.6 and 1.2 µs faster in the kernels bench of the same call; 1.2, 1.4, 1.7 and 2 with 0.2
+were level in bf16, 1.4 with 0.2 0.6 µs faster in fp32 (bench/results/20261202-session39)."""
 MIXED_PLAIN_TILE = (8, 4)
 """The plain tiles' shape (patches down, across) in a mixed launch (``TILE_PIXELS``' 4 x 4
 in a plain launch): fewer, larger tiles beside the MMA tiles made the 8-image mixed batch
@@ -706,8 +717,9 @@ def _mixed(
     """``groups`` and ``records`` (in tile order) with each channel count's plain and MMA
     groups (consecutive in tile order) merged into one ``mixed`` group, whose records
     interleave the two kinds' (each kind's in its own order): MMA tile ``i`` of ``m`` at
-    ``(i + 1/2) / m * (1 - MIXED_TAIL)``, plain tile ``j`` of ``n`` at ``(j + 1/2) / n``,
-    so the last ``MIXED_TAIL`` of the plain tiles come after every MMA tile."""
+    ``(i + 1/2) / m * (1 - MIXED_TAIL)``, plain tile ``j`` of ``n`` at
+    ``((j + 1/2) / n) ** MIXED_PLAIN_GAMMA``, so the plain tiles lean to the launch's start
+    and those past ``1 - MIXED_TAIL`` come after every MMA tile."""
     merged: list[tuple[int, Kind, int, int]] = []
     parts = []
     at = i = 0  # the group's first record; the group
@@ -718,7 +730,7 @@ def _mixed(
             mma = after[3]
             keys = np.concatenate(
                 [
-                    (np.arange(count) + 0.5) / count,
+                    ((np.arange(count) + 0.5) / count) ** MIXED_PLAIN_GAMMA,
                     (np.arange(mma) + 0.5) / mma * (1 - MIXED_TAIL),
                 ]
             )

@@ -39,6 +39,7 @@ from mmwire.kernels import (
 )
 from mmwire.kernels._descriptors import (
     _RAW,
+    MIXED_PLAIN_GAMMA,
     MIXED_PLAIN_TILE,
     MIXED_TAIL,
     NORM_HEADER,
@@ -238,14 +239,17 @@ def test_a_mixed_layout_interleaves_a_channel_counts_plain_and_mma_records() -> 
     assert (r["R_TILE_H"] * r["R_TILE_W"]).sum() == 8 + 110
     assert r["R_PATCH"].tolist() == [0, 76, 80, 84, 164, 168, 172]
     # the MMA records as apart, in the same order, interleaved with the plain ones in
-    # theirs: the first plain tile before the last MMA one, and the last MIXED_TAIL of the
-    # plain tiles after it
+    # theirs: plain tile j after as many MMA tiles as sort before ((j + 1/2) / n) ** gamma,
+    # the first before the last MMA one, those past 1 - MIXED_TAIL after it
     assert (merged[~plain] == apart.tile_records[n_gray + n_plain :]).all()
+    mma_keys = (np.arange(n_mma) + 0.5) / n_mma * (1 - MIXED_TAIL)
+    plain_keys = ((np.arange(n_mixed) + 0.5) / n_mixed) ** MIXED_PLAIN_GAMMA
+    mma_before = np.cumsum(~plain)[plain]  # MMA tiles ahead of each plain tile
+    assert mma_before.tolist() == [int((mma_keys < k).sum()) for k in plain_keys]
     last_mma = np.flatnonzero(~plain)[-1]
     assert np.flatnonzero(plain)[0] < last_mma
-    last_key = (n_mma - 0.5) / n_mma * (1 - MIXED_TAIL)  # (the MMA tiles' last sort key)
-    after = sum((j + 0.5) / n_mixed > last_key for j in range(n_mixed))
-    assert plain[last_mma + 1 :].sum() == after and abs(after - n_mixed * MIXED_TAIL) <= 1
+    after = int((plain_keys > mma_keys[-1]).sum())
+    assert 0 < after < n_mixed and plain[last_mma + 1 :].sum() == after
 
 
 def test_host_mixes_plain_and_mma_tiles_in_one_launch(
