@@ -138,7 +138,7 @@ above 1 the plain tiles come earlier among the MMA tiles, and with ``MIXED_TAIL`
 (1 - 0.75 ** (1 / 1.4)), about 19 %, come after the last MMA tile. Against 1 and 0.2 the
 8-image mixed batch ran 0.3 µs (bf16) and 0.8 µs (fp32) faster in three H200 A/B rounds, and
 0.6 and 1.2 µs faster in the kernels bench of the same call; 1.2, 1.4, 1.7 and 2 with 0.2
-were level in bf16, 1.4 with 0.2 0.6 µs faster in fp32 (bench/results/20261202-session39)."""
+were level in bf16, 1.4 with 0.2 0.5-0.6 µs faster in fp32 (bench/results/20261202-session39)."""
 MIXED_PLAIN_TILE = (8, 4)
 """The plain tiles' shape (patches down, across) in a mixed launch (``TILE_PIXELS``' 4 x 4
 in a plain launch): fewer, larger tiles beside the MMA tiles made the 8-image mixed batch
