@@ -446,8 +446,8 @@ def _narrow(in_size: int, out_size: int, tile: int, tiles: int) -> bool:
 def _mma_raw(job: ImageJob, v_first: bool, src_offset: int) -> bool:
     """Whether an MMA image's windows may be staged raw (``R_RAW``: the source's bytes as
     they are, each row from its first byte's 16-byte granule): gray or RGB passed
-    horizontally first, whose rows start on a word in the source (the kernel checks that
-    the source itself starts on one, and stages planes otherwise)."""
+    horizontally first, whose rows start on a word in the source (``preprocess_packed``
+    copies a source that does not itself start on one)."""
     return job.ch in (1, 3) and not v_first and (src_offset | job.in_w * job.ch) % 4 == 0
 
 
@@ -479,9 +479,9 @@ def _mma_measure(job: ImageJob, patch: int, v_first: bool, raw: bool = False) ->
         # and the slack after each (mma_tile in pixels.cu)
         out, mid = 16 * my * _mma_pitch(tw), 16 * m1 * _mma_pitch(lines)
         need = job.ch * (max(lines * _mma_pitch(inputs), out) + mid) + 2 * 32 * ks
-        if raw:  # or staged raw (one plane of rows, the lanes' reads reaching further), and
-            # the planes where the source is not on a word: the launch asks for the larger
-            # (each group of 8 rows _MMA_GROUP_SHIFT further on)
+        if raw:  # or staged raw (one plane of rows, the lanes' reads reaching further; each
+            # group of 8 rows _MMA_GROUP_SHIFT further on): the larger of the two, as when
+            # the kernel staged planes from a source off a word (the tile shapes measured)
             window = lines * _mma_pitch(job.ch * uc + 12) + lines // 8 * _MMA_GROUP_SHIFT
             raw_need = max(window, job.ch * out) + job.ch * (mid + 32 * ks) + 16 + 32 * ks
             need = max(need, raw_need)
@@ -518,7 +518,7 @@ def _weight_words(in_size: int, out_size: int) -> np.ndarray[Any, np.dtype[np.in
 
 @lru_cache(maxsize=256)
 def _mma_axis(
-    in_size: int, out_size: int, tile: int, tiles: int, narrow: bool = False
+    in_size: int, out_size: int, tile: int, tiles: int, narrow: bool = False, rgb: bool = False
 ) -> tuple[np.ndarray[Any, np.dtype[np.int32]], np.ndarray[Any, np.dtype[np.int32]]]:
     """One axis of an MMA image, cut into ``tiles`` tiles of ``tile`` outputs: what each
     tile's M-blocks of 16 outputs (``narrow``: 8) need, so a tile reads it instead of working it out
@@ -537,6 +537,10 @@ def _mma_axis(
     past the axis), one 16-byte load a plane and step. Narrow: per block ``(3, 32, 2)``,
     lane ``(g, t)``'s B words for byte plane ``q``: word ``r`` holds output ``o0 + g``, inputs
     ``at + 16 r + 4 t + 0..3`` (every narrow block takes one step), one 8-byte load a plane.
+    ``rgb``: the first pass of an RGB image staged raw (``split_rgb`` in ``pixels.cu``), whose
+    two words of a row's 32-input step (``at + 32 s + 4 t + 0..3``, ``16 +`` those) hold
+    inputs ``4 t + (0, 1, 16, 17)`` and ``4 t + (2, 3, 18, 19)`` instead: the halves of
+    each pair of words swapped across.
     """
     c = bicubic_coefficients(in_size, out_size)
     words = _weight_words(in_size, out_size)  # (outputs, 3, m)
@@ -566,8 +570,13 @@ def _mma_axis(
     ok = live & (w >= 0) & (w < m)
     plane = np.arange(3, dtype=i32).reshape((3,) + (1,) * (o.ndim - 3))
     at_word = (o * 3 + plane) * m + np.clip(w, 0, m - 1)
-    frags = np.where(ok, words.reshape(-1)[at_word], 0)
-    out = (spans.astype(np.int32), frags.astype(np.int32))
+    frags = np.where(ok, words.reshape(-1)[at_word], 0).astype(np.uint32)
+    if rgb:  # word r's low half and word r + half's low half, then both high halves
+        half = 1 if narrow else 2
+        lo, hi = frags[..., :half].copy(), frags[..., half:].copy()
+        frags[..., :half] = (lo & 0xFFFF) | (hi << 16)
+        frags[..., half:] = (lo >> 16) | (hi & 0xFFFF0000)
+    out = (spans.astype(np.int32), frags.view(np.int32))
     for a in out:
         a.setflags(write=False)
     return out
@@ -793,7 +802,7 @@ def layout_of(
     desc = np.zeros((len(jobs), len(FIELDS)), np.int64)
     chunks: list[np.ndarray[Any, np.dtype[np.int32]]] = []
     table_at: dict[tuple[int, int], tuple[int, int, int, int]] = {}
-    axis_at: dict[tuple[int, int, int, int, bool], tuple[int, int, bool]] = {}
+    axis_at: dict[tuple[int, int, int, int, bool, bool], tuple[int, int, bool]] = {}
     used = 0
     tiles_of: list[int] = []
 
@@ -814,11 +823,13 @@ def layout_of(
             table_at[key] = (at, at + c.n.size, at + 2 * c.n.size, c.ksize)
         return table_at[key]
 
-    def mma_axis(in_size: int, out_size: int, tile: int, tiles: int) -> tuple[int, int, bool]:
-        """Where one MMA axis's fragments and spans are (``_mma_axis``), and whether it takes
-        narrow blocks (``_narrow``): the fragments at a multiple of 4 elements, so each
-        lane's are 16-byte loads."""
-        key = (in_size, out_size, tile, tiles, _narrow(in_size, out_size, tile, tiles))
+    def mma_axis(
+        in_size: int, out_size: int, tile: int, tiles: int, rgb: bool = False
+    ) -> tuple[int, int, bool]:
+        """Where one MMA axis's fragments and spans are (``_mma_axis``, ``rgb`` for an RGB
+        image's raw first pass), and whether it takes narrow blocks (``_narrow``): the
+        fragments at a multiple of 4 elements, so each lane's are 16-byte loads."""
+        key = (in_size, out_size, tile, tiles, _narrow(in_size, out_size, tile, tiles), rgb)
         if key not in axis_at:
             spans, frags = _mma_axis(*key)
             place(np.zeros(-used % 4, np.int32))
@@ -874,8 +885,9 @@ def layout_of(
         kinds.append(kind)
         tiles_w, tiles_h = -(-job.grid_w // tile_w), -(-grid_h // tile_h)
         if kind == "mma":  # where its axes' fragments and spans are, for its tile records
+            raw_rgb = job.ch == 3 and _mma_raw(job, p1 == _VERTICAL, src)
             axes[image] = (
-                mma_axis(job.in_w, job.out_w, tile_w * patch, tiles_w),
+                mma_axis(job.in_w, job.out_w, tile_w * patch, tiles_w, raw_rgb),
                 mma_axis(job.in_h, job.out_h, tile_h * patch, tiles_h),
             )
         mid_w, mid_h = 0, 0

@@ -265,6 +265,8 @@ def preprocess_packed(
     )
     layout, jobs, p = plan.layout, plan.jobs, plan.patch
     _check_source(src, layout)
+    if src.data_ptr() % 4:  # raw MMA windows (R_RAW) read the source's rows as words
+        src = src.clone()
     device = src.device
     if layout.tiles > _MAX_GRID_X or p > _FUSED_THREADS:
         raise ValueError(f"{layout.patches} patches of {p}x{p} do not fit one launch")

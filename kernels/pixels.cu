@@ -109,8 +109,8 @@ enum Record {
 #define R_V_FIRST 2    // Pillow resizes this image vertically first
 #define R_WHOLE 4      // the window's rows start on a word and its groups lie in the image
 #define R_RAW 8        // gray or RGB passed horizontally first, whose window's rows start on a
-                       // word: staged as the source's bytes (mma_tile) when the source itself
-                       // starts on a word
+                       // word: staged as the source's bytes (mma_tile; the host puts the
+                       // source itself on a word)
 #define R_PLAIN 16     // a plain tile (its only flag), so a MIXED launch tells the kinds apart
 #define R_X_NARROW 32  // the horizontal pass takes narrow blocks (NarrowWeights): 8 outputs
 #define R_Y_NARROW 64  // a block in one 32-input step (the vertical pass: R_Y_NARROW)
@@ -1390,9 +1390,26 @@ __device__ __forceinline__ void split_rgb(unsigned x0, unsigned x1, unsigned x2,
   w[2] = __byte_perm(__byte_perm(x0, x1, 0x0052), x2, 0x7410);
 }
 
+// A lane's eight RGB pixels of a 32-input step as two words a channel: x holds pixels 0..3
+// (12 bytes as three words) and y pixels 16..19 from the lane's; lo[c] gets channel c of
+// pixels 0, 1, 16, 17 (byte e: the e-th), hi[c] of 2, 3, 18, 19, the inputs the host puts
+// in a raw RGB first pass's two words (_mma_axis with rgb). Ten byte moves, where the
+// pixels in order took twelve (split_rgb: a channel's four from three words).
+__device__ __forceinline__ void split_rgb8(const unsigned* x, const unsigned* y,
+                                           unsigned (&lo)[3], unsigned (&hi)[3]) {
+  lo[0] = __byte_perm(x[0], y[0], 0x7430);  // R0 R1 R16 R17
+  const unsigned gb_x = __byte_perm(x[0], x[1], 0x5241), gb_y = __byte_perm(y[0], y[1], 0x5241);
+  lo[1] = __byte_perm(gb_x, gb_y, 0x5410);  // (G0 G1 B0 B1 and G16 G17 B16 B17)
+  lo[2] = __byte_perm(gb_x, gb_y, 0x7632);
+  hi[2] = __byte_perm(x[2], y[2], 0x7430);  // B2 B3 B18 B19
+  const unsigned rg_x = __byte_perm(x[1], x[2], 0x6352), rg_y = __byte_perm(y[1], y[2], 0x6352);
+  hi[0] = __byte_perm(rg_x, rg_y, 0x5410);  // (R2 R3 G2 G3 and R18 R19 G18 G19)
+  hi[1] = __byte_perm(rg_x, rg_y, 0x7632);
+}
+
 // The three channels' products of one N-block of an RGB window staged raw (R_RAW), over S
-// 32-input steps: a lane's four pixels of a k word are 12 bytes of its line (window row) l,
-// three words split into a word a channel (split_rgb); acc[c] as products' acc.
+// 32-input steps: a lane's pixels of a step are 12 bytes of its line (window row) l and 12
+// bytes 16 pixels on, split into two words a channel (split_rgb8); acc[c] as products' acc.
 template <int S, int KS>
 __device__ __forceinline__ void rgb_products(const unsigned (&a)[3][KS][4], const u8* l,
                                              int (&acc)[3][3][4]) {
@@ -1400,8 +1417,7 @@ __device__ __forceinline__ void rgb_products(const unsigned (&a)[3][KS][4], cons
   for (int s = 0; s < S; ++s) {
     const unsigned* w = (const unsigned*)(l + 96 * s);
     unsigned b0[3], b1[3];
-    split_rgb(w[0], w[1], w[2], b0);
-    split_rgb(w[12], w[13], w[14], b1);  // 16 pixels on
+    split_rgb8(w, w + 12, b0, b1);  // (16 pixels on)
 #pragma unroll
     for (int c = 0; c < 3; ++c) {
       if (s == 0) {
@@ -1414,17 +1430,15 @@ __device__ __forceinline__ void rgb_products(const unsigned (&a)[3][KS][4], cons
 }
 
 // rgb_products for a narrow block (NarrowWeights b, one step): a lane's A words are rows l
-// and l + odd (lines 2 g and 2 g + 1, lane_line), inputs 4 t.. and 16 + 4 t.., each 12 bytes
-// split into a word a channel.
+// and l + odd (lines 2 g and 2 g + 1, lane_line), each row's pixels split as there (its
+// first words A's first half of k, the second the second).
 __device__ __forceinline__ void rgb_narrow_products(const unsigned (&b)[3][2], const u8* l,
                                                     int odd, int (&acc)[3][3][4]) {
   const unsigned* w0 = (const unsigned*)l;
   const unsigned* w8 = (const unsigned*)(l + odd);
   unsigned x[4][3];
-  split_rgb(w0[0], w0[1], w0[2], x[0]);
-  split_rgb(w8[0], w8[1], w8[2], x[1]);
-  split_rgb(w0[12], w0[13], w0[14], x[2]);  // 16 pixels on
-  split_rgb(w8[12], w8[13], w8[14], x[3]);
+  split_rgb8(w0, w0 + 12, x[0], x[2]);  // (16 pixels on)
+  split_rgb8(w8, w8 + 12, x[1], x[3]);
 #pragma unroll
   for (int c = 0; c < 3; ++c) {
     const unsigned a[4] = {x[0][c], x[1][c], x[2][c], x[3][c]};
@@ -2150,6 +2164,9 @@ __global__ void __launch_bounds__(FUSED_THREADS, fused_min_blocks(KIND))
       } else if (rec[R_FLAGS] & R_V_FIRST) {  // then straight to staging
         mma_tile<CH, true, false, T>(src, desc, tab, table, rec, d, tb, out, p, sm);
       } else if (CH != 4 && (rec[R_FLAGS] & R_RAW) && ((u64)src & 3) == 0) {
+        // (the test is always true: the host puts src on a word, which an RGB window's
+        // split_rgb8 order needs. It stays for the code ptxas makes of it: without it the
+        // resized batch was 0.5-1.0 µs slower; bench/results/20261202-session39)
         mma_tile<CH, false, CH != 4, T>(src, desc, tab, table, rec, d, tb, out, p, sm);
       } else {
         mma_tile<CH, false, false, T>(src, desc, tab, table, rec, d, tb, out, p, sm);

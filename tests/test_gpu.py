@@ -106,9 +106,9 @@ def test_cuda_kernels_of_either_module_and_normalise_equal_the_cpu_path(
         assert differing(got_pv, want_pv) == 0, name
 
 
-def test_cuda_mma_kernel_stages_planes_from_a_source_off_a_word(rng: np.random.Generator) -> None:
+def test_cuda_mma_kernel_takes_a_source_off_a_word(rng: np.random.Generator) -> None:
     # tiles planned raw (R_RAW: cp.async of 16-byte granules, word loads of the rows) need
-    # the source on a word; one byte off, the kernel must stage channel planes instead
+    # the source on a word; one byte off, preprocess_packed copies it onto one
     from kernel_cases import case, differing, reference
     from mmwire.kernels import pack, preprocess_packed
 

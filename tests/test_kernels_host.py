@@ -185,8 +185,10 @@ def test_tile_records_say_where_each_mma_and_plain_tile_reads_and_writes() -> No
             origin.append(int(spans[0, 0]))
             narrows.append(narrow)
             # the fragments of the tile column's (row's) blocks, as _mma_axis lays them out
+            # (an RGB image's x axis in its raw first pass's order)
             tiles = -(-(d[f("GRID_W")] if axis == "X" else d[f("GRID_H")]) // (tile_px // 14))
-            frags = _mma_axis(n_in, size, tile_px, int(tiles), narrow)[1][index, :blocks]
+            rgb = axis == "X" and job.ch == 3 and bool(r["R_FLAGS"] & 8)
+            frags = _mma_axis(n_in, size, tile_px, int(tiles), narrow, rgb)[1][index, :blocks]
             frags = frags.reshape(-1)
             assert (tab[r[f"R_{axis}_WORDS"] :][: frags.size] == frags).all()
         assert (wx, wy) == tuple(origin)
@@ -467,6 +469,15 @@ def _from_planes(planes: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     return out
 
 
+def _word_inputs(half: int, lt: int, rgb: bool) -> list[int]:
+    """The inputs of a lane's word of k in a 32-input step (its half 0 or 1, the lane's
+    place t = lt in its group): 16 half + 4 t + byte, or for a raw RGB first pass (rgb)
+    4 t + (0, 1, 16, 17), then 4 t + (2, 3, 18, 19)."""
+    if rgb:
+        return [4 * lt + 2 * half + e for e in (0, 1, 16, 17)]
+    return [16 * half + 4 * lt + e for e in range(4)]
+
+
 def _block_weights(
     dense: np.ndarray[Any, Any], o0: int, outputs: int, tile_end: int, at: int, k: int
 ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
@@ -479,24 +490,26 @@ def _block_weights(
     return want, live
 
 
+@pytest.mark.parametrize("rgb", [False, True])
 @pytest.mark.parametrize(
     ("in_size", "out_size", "patch", "tile"),
     [(4000, 2073, 14, 4), (3000, 1460, 14, 5), (30, 56, 14, 1)],
 )
 def test_mma_fragments_hold_each_blocks_weights_in_lane_order(
-    in_size: int, out_size: int, patch: int, tile: int
+    in_size: int, out_size: int, patch: int, tile: int, rgb: bool
 ) -> None:
     # the A fragments of each tile's M-blocks, read back through the PTX layout of mma
-    # m16n8k32 (lane 4 g + t, word r: row g + 8 (r & 1), k 16 (r >> 1) + 4 t + byte), are
-    # the Q22 weights of the block's 16 outputs over its span; past the tile (the next
-    # tile's outputs, in its last block) and past the axis they are 0
+    # m16n8k32 (lane 4 g + t, word r: row g + 8 (r & 1), k 16 (r >> 1) + 4 t + byte, or
+    # for a raw RGB first pass the inputs _word_inputs says), are the Q22 weights of the
+    # block's 16 outputs over its span; past the tile (the next tile's outputs, in its
+    # last block) and past the axis they are 0
     from mmwire.kernels._descriptors import _MMA_STEPS, _mma_axis
 
     c = bicubic_coefficients(in_size, out_size)
     dense = _dense_weights(c, in_size, out_size)
     grid = -(-out_size // patch)
     tiles = -(-grid // tile)
-    spans, frags = _mma_axis(in_size, out_size, tile * patch, tiles)
+    spans, frags = _mma_axis(in_size, out_size, tile * patch, tiles, False, rgb)
     mb = -(-tile * patch // 16)
     assert spans.shape == (tiles, 1 + 2 * mb)
     assert frags.shape == (tiles, mb, 3, _MMA_STEPS, 32, 4)
@@ -510,9 +523,9 @@ def test_mma_fragments_hold_each_blocks_weights_in_lane_order(
             for lane in range(32):
                 g, lt = divmod(lane, 4)
                 for r in range(4):
-                    row, k = g + 8 * (r & 1), 16 * (r >> 1) + 4 * lt
+                    row, ks = g + 8 * (r & 1), np.array(_word_inputs(r >> 1, lt, rgb))
                     for st in range(_MMA_STEPS):
-                        a[:, row, 32 * st + k : 32 * st + k + 4] = planes[t, j, :, st, lane, r]
+                        a[:, row, 32 * st + ks] = planes[t, j, :, st, lane, r]
             o0, tile_end = t * tile * patch + 16 * j, (t + 1) * tile * patch
             want, live = _block_weights(dense, o0, 16, tile_end, at, k32)
             assert (_from_planes(a) == want).all(), (t, j)
@@ -523,23 +536,25 @@ def test_mma_fragments_hold_each_blocks_weights_in_lane_order(
         assert spans[t, 0] == c.xmin[end] + c.n[end] - spans[t, 1]
 
 
+@pytest.mark.parametrize("rgb", [False, True])
 @pytest.mark.parametrize(
     ("in_size", "out_size", "patch", "tile"),
     [(4000, 2073, 14, 5), (3000, 1554, 14, 3), (140, 56, 14, 1)],
 )
 def test_narrow_fragments_hold_each_blocks_weights_in_lane_order(
-    in_size: int, out_size: int, patch: int, tile: int
+    in_size: int, out_size: int, patch: int, tile: int, rgb: bool
 ) -> None:
     # the B fragments of each tile's narrow blocks, read back through the PTX layout of mma
-    # m16n8k32 (lane 4 g + t, word r: column g, k 16 r + 4 t + byte), are the Q22 weights
-    # of the block's 8 outputs over its one 32-input step; past the tile and the axis 0
+    # m16n8k32 (lane 4 g + t, word r: column g, k 16 r + 4 t + byte, or _word_inputs' for
+    # a raw RGB first pass), are the Q22 weights of the block's 8 outputs over its one
+    # 32-input step; past the tile and the axis 0
     from mmwire.kernels._descriptors import _mma_axis, _narrow_fits
 
     dense = _dense_weights(bicubic_coefficients(in_size, out_size), in_size, out_size)
     grid = -(-out_size // patch)
     tiles = -(-grid // tile)
     assert _narrow_fits(in_size, out_size, tile * patch, tiles)
-    spans, frags = _mma_axis(in_size, out_size, tile * patch, tiles, True)
+    spans, frags = _mma_axis(in_size, out_size, tile * patch, tiles, True, rgb)
     mb = -(-tile * patch // 8)
     assert spans.shape == (tiles, 1 + 2 * mb) and frags.shape == (tiles, mb, 3, 32, 2)
     raw = frags.view(np.uint32).astype(np.int64)
@@ -551,7 +566,7 @@ def test_narrow_fragments_hold_each_blocks_weights_in_lane_order(
             for lane in range(32):
                 g, lt = divmod(lane, 4)
                 for r in range(2):
-                    b[:, g, 16 * r + 4 * lt : 16 * r + 4 * lt + 4] = planes[t, j, :, lane, r]
+                    b[:, g, _word_inputs(r, lt, rgb)] = planes[t, j, :, lane, r]
             o0, tile_end = t * tile * patch + 8 * j, (t + 1) * tile * patch
             want, live = _block_weights(dense, o0, 8, tile_end, at, 32)
             assert (_from_planes(b) == want).all(), (t, j)
@@ -770,11 +785,12 @@ def test_host_mma_kernel_stages_rows_of_up_to_twice_a_warps_granules(
     assert differing(got_pv, want_pv) == 0
 
 
-def test_host_mma_kernel_stages_planes_from_a_source_off_a_word(
+def test_host_mma_kernel_takes_a_source_off_a_word(
     host: HostLauncher, rng: np.random.Generator
 ) -> None:
-    # tiles planned raw (R_RAW) need the source on a word; one byte off, the kernel stages
-    # channel planes instead, in the shared memory the launch asked for
+    # tiles planned raw (R_RAW) need the source on a word (a raw RGB first pass's weights
+    # are in split_rgb8's order, which planes staged from it could not give): one byte
+    # off, preprocess_packed copies it onto one, and the bytes are the same
     items = case("tensor_core_scales", rng)
     want_pv, _ = reference(items, torch.bfloat16)
     src, shapes = pack([torch.from_numpy(im) for im, _ in items])
