@@ -537,7 +537,7 @@ def _mma_axis(
     past the axis), one 16-byte load a plane and step. Narrow: per block ``(3, 32, 2)``,
     lane ``(g, t)``'s B words for byte plane ``q``: word ``r`` holds output ``o0 + g``, inputs
     ``at + 16 r + 4 t + 0..3`` (every narrow block takes one step), one 8-byte load a plane.
-    ``rgb``: the first pass of an RGB image staged raw (``split_rgb`` in ``pixels.cu``), whose
+    ``rgb``: the first pass of an RGB image staged raw (``split_rgb8`` in ``pixels.cu``), whose
     two words of a row's 32-input step (``at + 32 s + 4 t + 0..3``, ``16 +`` those) hold
     inputs ``4 t + (0, 1, 16, 17)`` and ``4 t + (2, 3, 18, 19)`` instead: the halves of
     each pair of words swapped across.
