@@ -187,7 +187,7 @@ def test_tile_records_say_where_each_mma_and_plain_tile_reads_and_writes() -> No
             # the fragments of the tile column's (row's) blocks, as _mma_axis lays them out
             # (an RGB image's x axis in its raw first pass's order)
             tiles = -(-(d[f("GRID_W")] if axis == "X" else d[f("GRID_H")]) // (tile_px // 14))
-            rgb = axis == "X" and job.ch == 3 and bool(r["R_FLAGS"] & 8)
+            rgb = axis == "X" and job.ch == 3 and bool(r["R_FLAGS"] & _RAW)
             frags = _mma_axis(n_in, size, tile_px, int(tiles), narrow, rgb)[1][index, :blocks]
             frags = frags.reshape(-1)
             assert (tab[r[f"R_{axis}_WORDS"] :][: frags.size] == frags).all()
@@ -200,7 +200,7 @@ def test_tile_records_say_where_each_mma_and_plain_tile_reads_and_writes() -> No
         whole = aligned and wx + 4 * groups <= job.in_w
         assert bool(r["R_FLAGS"] & 4) == whole
         raw = job.ch != 4 and d[f("PASS1")] == 1 and (d[f("SRC_OFF")] | job.in_w * job.ch) % 4 == 0
-        assert bool(r["R_FLAGS"] & 8) == raw
+        assert bool(r["R_FLAGS"] & _RAW) == raw
         seen.add((two, bool(r["R_FLAGS"] & 2), whole, raw, *narrows))
     # every flag is seen both ways; the plain tiles, whole and partly padding
     for k in range(6):
