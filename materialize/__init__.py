@@ -6,8 +6,6 @@ General layout: ``_plan`` (the resize plan and spec), ``_grids`` (grid/token ari
 exact CPU pixel pipeline), ``_materializer`` (the owner rank's entry point).
 """
 
-from mmwire.transport._errors import MaterializeError as MaterializeError
-
 from ._assign import assign_owners as assign_owners
 from ._assign import owners_of as owners_of
 from ._bicubic import Coefficients as Coefficients
@@ -23,7 +21,6 @@ from ._materializer import Materializer as Materializer
 from ._materializer import PayloadSource as PayloadSource
 from ._pipeline import normalise_table as normalise_table
 from ._pipeline import preprocess_images as preprocess_images
-from ._pipeline import to_pixels as to_pixels
 from ._placeholders import expand_placeholders as expand_placeholders
 from ._placeholders import k3_media_prompt as k3_media_prompt
 from ._plan import K3_BACKGROUND as K3_BACKGROUND
@@ -34,7 +31,6 @@ from ._plan import spec_for as spec_for
 __all__ = [
     "K3_BACKGROUND",
     "Coefficients",
-    "MaterializeError",
     "MaterializedBatch",
     "Materializer",
     "PayloadSource",
@@ -53,6 +49,5 @@ __all__ = [
     "should_defer",
     "spec_for",
     "split_by_tokens",
-    "to_pixels",
     "tokens_per_item",
 ]

@@ -15,11 +15,12 @@ from mmwire.transport import (
     IndexMap,
     LocalIndex,
     LocalSlots,
+    MaterializeError,
     PreprocessSpec,
+    to_pixels,
 )
-from mmwire.transport._errors import MaterializeError
 
-from ._pipeline import produce, to_pixels
+from ._pipeline import produce
 
 __all__ = ["MaterializedBatch", "Materializer", "PayloadSource"]
 

@@ -20,82 +20,12 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from mmwire.transport import Background, Grid, PreprocessSpec
-from mmwire.transport._errors import MaterializeError
-from mmwire.transport._pixels import keeps_alpha
+from mmwire.transport import Background, Grid, MaterializeError, PreprocessSpec, to_pixels
 from PIL import Image
 
 from ._plan import ProcessorConfig
 
-__all__ = ["normalise_table", "preprocess_images", "to_pixels"]
-
-_SUPPORTED_MODES = {
-    "1",
-    "L",
-    "LA",
-    "La",
-    "P",
-    "PA",
-    "RGB",
-    "RGBA",
-    "RGBa",
-    "RGBX",
-    "CMYK",
-    "YCbCr",
-    "LAB",
-    "HSV",
-}
-
-
-def to_pixels(image: Any, *, max_pixels: int = 178_956_970) -> np.ndarray[Any, Any]:
-    """uint8 ``(H, W, C)`` pixels with C = 3 (RGB), 4 (RGBA: alpha kept) or 1 (gray).
-
-    PIL images keep alpha iff their mode is not RGB and they have an A band or a
-    ``transparency`` entry; tensors/arrays are CHW or HW uint8 (HWC is taken when the last
-    axis is 1, 3 or 4 and the first is not). Raises ``MaterializeError`` for float pixels,
-    unsupported modes and images over ``max_pixels``.
-    """
-    if isinstance(image, Image.Image):
-        if image.mode not in _SUPPORTED_MODES:
-            raise MaterializeError(f"image mode `{image.mode}` is not supported (8-bit modes only)")
-        if image.width * image.height > max_pixels:
-            raise MaterializeError(
-                f"image {image.width}x{image.height} is over the pixel ceiling {max_pixels}"
-            )
-        if keeps_alpha(image):
-            image = image.convert("RGBA")
-        elif image.mode != "L":
-            image = image.convert("RGB")
-        arr = np.asarray(image)
-        return arr[:, :, None] if arr.ndim == 2 else arr
-    if isinstance(image, torch.Tensor):
-        if image.dtype != torch.uint8:
-            raise MaterializeError(
-                f"pixels must be uint8, got a {image.dtype} tensor (normalisation folds in 1/255, "
-                "so float pixels are a caller bug)"
-            )
-        image = image.detach().cpu().numpy()
-    if not isinstance(image, np.ndarray):
-        raise MaterializeError(
-            f"cannot preprocess {type(image).__name__}: give a PIL image or uint8 pixels"
-        )
-    if image.dtype != np.uint8:
-        raise MaterializeError(f"pixels must be uint8, got {image.dtype}")
-    if image.ndim == 2:
-        arr = image[:, :, None]
-    elif image.ndim == 3 and image.shape[0] in (1, 3, 4) and image.shape[2] not in (1, 3, 4):
-        arr = np.moveaxis(image, 0, -1)
-    elif image.ndim == 3 and image.shape[2] in (1, 3, 4):
-        arr = image
-    else:
-        raise MaterializeError(
-            f"pixels must be HW, CHW or HWC with 1/3/4 channels, got {list(image.shape)}"
-        )
-    if arr.shape[0] * arr.shape[1] > max_pixels:
-        raise MaterializeError(
-            f"image {arr.shape[1]}x{arr.shape[0]} is over the pixel ceiling {max_pixels}"
-        )
-    return np.ascontiguousarray(arr)
+__all__ = ["normalise_table", "preprocess_images"]
 
 
 def normalise_table(spec: PreprocessSpec, dtype: torch.dtype) -> torch.Tensor:

@@ -21,7 +21,7 @@ from mmwire.transport import (
     encode_batch,
 )
 from mmwire.transport._device_pool import PoolOffer
-from mmwire.transport._handover import HandoverServer, receive_arena
+from mmwire.transport._handover import HandoverServer, Offer, receive_arena
 
 
 def _never() -> bool:
@@ -60,19 +60,17 @@ def test_pool_offer_travels_in_the_handover(tmp_path: object, kind: str) -> None
     )
     arena_r, arena_w = os.pipe()
     pool_r, pool_w = os.pipe()
-    gone: list[int] = []
+    gone: list[bytes] = []
     server = HandoverServer(
         f"{tmp_path}/h.sock",
-        arena_r,
-        "arena-id",
-        4096,
+        [arena_r, pool_r] if kind == "posix_fd" else [arena_r],
+        lambda hello, pid: Offer(arena_id="arena-id", size=4096, session=b"s" * 16, pool=offer),
         gone.append,
-        pool=offer,
-        pool_fd=pool_r if kind == "posix_fd" else None,
     )
     try:
         h = receive_arena(server.path, rank=3)
         assert h.pool == offer and h.arena_id == "arena-id" and h.size == 4096
+        assert h.session == b"s" * 16
         if kind == "posix_fd":
             assert h.pool_fd is not None
             os.write(pool_w, b"fd!")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import multiprocessing as mp
 import os
@@ -26,6 +27,7 @@ from mmwire.transport import (
     GlobalIndex,
     Grid,
     InlineRef,
+    InvalidRequest,
     Item,
     NotAConsumer,
     OffsetError,
@@ -323,12 +325,16 @@ def test_ten_thousand_requests_keep_fds_and_rss_flat(pair: tuple[CpuProducer, Cp
 def test_cross_host_consumer_over_tcp(use_curve: bool, rng: np.random.Generator) -> None:
     server = CurveKeys.generate() if use_curve else None
     client = CurveKeys.generate() if use_curve else None
-    p = CpuProducer(
-        "tcp://127.0.0.1:*",
-        arena_size=1 << 24,
-        curve=server,
-        curve_clients=[client.public] if client else (),
-    )
+    with contextlib.ExitStack() as insecure:
+        if not use_curve:  # tcp without CURVE is refused unless asked for, and then warns
+            insecure.enter_context(pytest.warns(RuntimeWarning, match="without CURVE"))
+        p = CpuProducer(
+            "tcp://127.0.0.1:*",
+            arena_size=1 << 24,
+            curve=server,
+            curve_clients=[client.public] if client else (),
+            allow_insecure_tcp=not use_curve,
+        )
     remote = CpuConsumer(
         1,
         p.endpoint,
@@ -406,7 +412,7 @@ def test_publish_accepts_tensors_pil_and_encoded_bytes(
         assert np.array_equal(b.open(GlobalIndex(0)), np.asarray(rgba))
         assert (b.open(GlobalIndex(1)) == 200).all()
         assert torch.equal(b.open_tensor(GlobalIndex(2)), emb)
-    with pytest.raises(TypeError, match="cannot publish"):
+    with pytest.raises(InvalidRequest, match="cannot publish"):
         p.publish("bad", [Item(data=[1, 2], consumers=(0,), kind="embedding", grid=Grid((1, 1)))])
     # the consumer's release reaches the producer asynchronously
     _settle(p, lambda: p.statistics().arena.leases_outstanding == 0)

@@ -420,8 +420,8 @@ def test_cuda_materializer_errors_name_the_item_and_keep_serving(
     rng: np.random.Generator,
 ) -> None:
     import msgspec
-    from mmwire.materialize import MaterializeError, Materializer, ProcessorConfig
-    from mmwire.transport import GridMismatch, IndexMap, LocalIndex
+    from mmwire.materialize import Materializer, ProcessorConfig
+    from mmwire.transport import GridMismatch, IndexMap, LocalIndex, MaterializeError
     from test_materialize import _Frames, _raw_batch
 
     cfg = ProcessorConfig()

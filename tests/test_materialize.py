@@ -11,7 +11,6 @@ import torch
 from conftest import photo_path
 from mmwire.materialize import (
     K3_BACKGROUND,
-    MaterializeError,
     Materializer,
     ProcessorConfig,
     assign_owners,
@@ -36,6 +35,7 @@ from mmwire.transport import (
     IndexMap,
     InlineRef,
     LocalIndex,
+    MaterializeError,
     TensorSpec,
     numpy_view,
     torch_view,

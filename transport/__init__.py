@@ -2,7 +2,9 @@
 
 General layout: ``_errors`` (the exception tree), ``_index`` (GlobalIndex/LocalIndex and
 their tables), ``_schema`` (the envelope Structs), ``_codec`` (frames <-> envelopes),
-``_views`` (zero-copy array views), ``_arena``/``_handover``/``_cpu`` (the cpu backend),
+``_views`` (zero-copy array views), ``_pixels`` (the image input contract), ``_items``
+(what ``publish`` accepts), ``_arena``/``_handover``/``_control`` (the arena, its handover and
+the consumer sessions), ``_producer``/``_cpu`` (the cpu backend's two ends),
 ``_cuda``/``_device_pool``/``_gpu`` (the GPU backends' pools behind the same API),
 ``_select`` (what ``device_pool="auto"`` picks). Every public name is re-exported here
 exactly once.
@@ -13,25 +15,26 @@ from ._codec import BatchDecoder as BatchDecoder
 from ._codec import DecodedBatch as DecodedBatch
 from ._codec import Limits as Limits
 from ._codec import encode_batch as encode_batch
+from ._control import CurveKeys as CurveKeys
 from ._cpu import ConsumerStatistics as ConsumerStatistics
 from ._cpu import CpuConsumer as CpuConsumer
-from ._cpu import CpuProducer as CpuProducer
-from ._cpu import CurveKeys as CurveKeys
-from ._cpu import Item as Item
-from ._cpu import ProducerStatistics as ProducerStatistics
 from ._cpu import ReceivedBatch as ReceivedBatch
 from ._errors import ArenaFull as ArenaFull
 from ._errors import BackendUnavailable as BackendUnavailable
 from ._errors import BusyResourceError as BusyResourceError
 from ._errors import ByteLengthMismatch as ByteLengthMismatch
 from ._errors import ClosedResourceError as ClosedResourceError
+from ._errors import ConfigurationError as ConfigurationError
 from ._errors import DimensionError as DimensionError
 from ._errors import EnvelopeError as EnvelopeError
 from ._errors import FrameError as FrameError
 from ._errors import GridMismatch as GridMismatch
 from ._errors import HandoverRefused as HandoverRefused
+from ._errors import ImageDecodeError as ImageDecodeError
+from ._errors import InvalidRequest as InvalidRequest
 from ._errors import LimitExceeded as LimitExceeded
 from ._errors import MalformedEnvelope as MalformedEnvelope
+from ._errors import MaterializeError as MaterializeError
 from ._errors import MmwireError as MmwireError
 from ._errors import NotAConsumer as NotAConsumer
 from ._errors import OffsetError as OffsetError
@@ -46,6 +49,10 @@ from ._index import GlobalTable as GlobalTable
 from ._index import IndexMap as IndexMap
 from ._index import LocalIndex as LocalIndex
 from ._index import LocalSlots as LocalSlots
+from ._items import Item as Item
+from ._pixels import to_pixels as to_pixels
+from ._producer import CpuProducer as CpuProducer
+from ._producer import ProducerStatistics as ProducerStatistics
 from ._schema import DTYPES as DTYPES
 from ._schema import SCHEMA_VERSION as SCHEMA_VERSION
 from ._schema import Background as Background
@@ -76,6 +83,7 @@ __all__ = [
     "BusyResourceError",
     "ByteLengthMismatch",
     "ClosedResourceError",
+    "ConfigurationError",
     "ConsumerStatistics",
     "CpuConsumer",
     "CpuProducer",
@@ -94,14 +102,17 @@ __all__ = [
     "Grid",
     "GridMismatch",
     "HandoverRefused",
+    "ImageDecodeError",
     "IndexMap",
     "InlineRef",
+    "InvalidRequest",
     "Item",
     "LimitExceeded",
     "Limits",
     "LocalIndex",
     "LocalSlots",
     "MalformedEnvelope",
+    "MaterializeError",
     "MmwireError",
     "NotAConsumer",
     "OffsetError",
@@ -119,5 +130,6 @@ __all__ = [
     "choose_backend",
     "encode_batch",
     "numpy_view",
+    "to_pixels",
     "torch_view",
 ]

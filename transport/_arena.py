@@ -24,33 +24,43 @@ All integers little-endian. Offsets in the layout table and in ``CpuRef`` are ab
 States
 ------
 A lease range is *free* (on the free list, header generation 0) or *live* (allocated,
-header generation g > 0, with a set of pending consumer ranks).
+header generation g > 0, with a set of pending holders: the consumer sessions that must
+release it).
 
 Transitions
 -----------
 * ``allocate``: free -> live. The producer writes the payloads, then the layout table,
   then the generation (``# ORDER`` at the store).
-* ``release(rank)``: removes ``rank`` from the pending set; when it empties the header
+* ``release(holder)``: removes ``holder`` from the pending set; when it empties the header
   generation is zeroed and the range goes back on the free list (coalesced).
-* a consumer's death: ``release`` for every live lease that still waits on that rank.
+* a consumer session's end (death, eviction, replacement): ``release`` for every live lease
+  that still waits on that session, never on another session of the same rank.
 
 Invariants
 ----------
 * Live leases never overlap; every range lies inside ``[4096, size)``.
 * Generations only grow, so a reference whose generation differs from its lease's header
   is stale and is refused (``StaleReference``); an open never returns another lease's bytes.
-* The producer is the only writer; consumers map the memfd read-only.
+* The producer is the only writer; consumers get a read-only descriptor of a sealed memfd.
 
 Lifetime
 --------
 The memfd has no name: nothing appears in ``/dev/shm`` and the kernel frees the memory when
 the last process holding the fd or a mapping goes away, so a crash of any party leaks
 nothing. ``posix_fallocate`` reserves the pages and the arena is prefaulted at creation, so
-no request pays page faults and no later write can SIGBUS on an exhausted tmpfs.
+no request pays page faults.
+
+Protection
+----------
+The memfd is sealed against shrinking and growing (``F_SEAL_SHRINK | F_SEAL_GROW``), so no
+process holding it can truncate it and make the others' mappings SIGBUS, and against new
+writable mappings and ``write()`` (``F_SEAL_FUTURE_WRITE``) once the producer's own mapping
+exists. Consumers receive a separate read-only descriptor (:attr:`Arena.readonly_fd`).
 """
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
 import secrets
@@ -70,6 +80,7 @@ PAGE = 4096
 _ARENA_FMT = struct.Struct("<8sIIQ16s")
 _LEASE_FMT = struct.Struct("<8sQQII")
 _SLOT_FMT = struct.Struct("<QQ")
+_F_SEAL_FUTURE_WRITE = getattr(fcntl, "F_SEAL_FUTURE_WRITE", 0x0010)  # Linux >= 5.1
 ARENA_MAGIC = b"MMWARENA"
 LEASE_MAGIC = b"MMWLEASE"
 
@@ -109,13 +120,19 @@ class ArenaStatistics:
 
 @dataclass
 class Lease:
-    """One request's allocation: ``[start, start+length)`` and the item slots inside it."""
+    """One request's allocation: ``[start, start+length)`` and the item slots inside it.
+
+    ``pending`` holds the consumer sessions that still have to release it; ``tag`` names
+    the request in log lines; ``since`` is the ``time.monotonic()`` of its allocation.
+    """
 
     start: int
     length: int
     generation: int
     slots: list[tuple[int, int]]
     pending: set[int]
+    tag: str = ""
+    since: float = 0.0
 
 
 class Arena:
@@ -133,13 +150,19 @@ class Arena:
         size = _align(size, PAGE)
         self.id = secrets.token_hex(16)
         self.size = size
-        self.fd = os.memfd_create(f"mmwire-arena-{self.id[:8]}", os.MFD_CLOEXEC)
+        self.fd = os.memfd_create(
+            f"mmwire-arena-{self.id[:8]}", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING
+        )
+        self.readonly_fd = -1
         try:
             os.ftruncate(self.fd, size)
             os.posix_fallocate(self.fd, 0, size)
             self._map = mmap.mmap(
                 self.fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE
             )
+            self.write_sealed = _seal(self.fd)
+            # What consumers get: the same memory, opened for reading only.
+            self.readonly_fd = os.open(f"/proc/self/fd/{self.fd}", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             os.close(self.fd)
             raise
@@ -163,7 +186,12 @@ class Arena:
 
     # -- allocation -------------------------------------------------------------------
 
-    def try_allocate(self, item_sizes: list[int], consumers: set[int]) -> Lease | None:
+    @property
+    def capacity(self) -> int:
+        """The largest lease this arena can ever hold (its size less the header)."""
+        return self.size - ARENA_HEADER
+
+    def try_allocate(self, item_sizes: list[int], holders: set[int], tag: str = "") -> Lease | None:
         """A lease for these payload sizes, or ``None`` if no free range is large enough."""
         need = lease_size(item_sizes)
         with self._lock:
@@ -181,7 +209,9 @@ class Arena:
                         need,
                         self._generation,
                         self._layout(start, item_sizes),
-                        set(consumers),
+                        set(holders),
+                        tag,
+                        time.monotonic(),
                     )
                     self._live[start] = lease
                     self._in_use += need
@@ -193,23 +223,30 @@ class Arena:
     def allocate(
         self,
         item_sizes: list[int],
-        consumers: set[int],
+        holders: set[int],
         timeout: float,
         drain: Callable[[float], None] | None = None,
+        tag: str = "",
     ) -> Lease:
         """Like :meth:`try_allocate`, waiting up to ``timeout`` s for releases; ``ArenaFull`` after.
 
+        A request larger than the whole arena fails at once: no release can make room.
         ``drain`` (a callable taking a timeout) is called while waiting so the caller can
         process release messages that arrive on its own sockets.
         """
+        need = lease_size(item_sizes)
+        if need > self.capacity:
+            raise ArenaFull(
+                f"request needs {need} bytes; the arena holds at most {self.capacity} "
+                f"(`arena_size` {self.size}); raise `arena_size` or split the request"
+            )
         deadline = time.monotonic() + timeout
         while True:
-            lease = self.try_allocate(item_sizes, consumers)
+            lease = self.try_allocate(item_sizes, holders, tag)
             if lease is not None:
                 return lease
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                need = lease_size(item_sizes)
                 st = self.statistics()
                 free = self.size - ARENA_HEADER - st.bytes_in_use
                 raise ArenaFull(
@@ -245,29 +282,44 @@ class Arena:
 
     # -- release ----------------------------------------------------------------------
 
-    def release(self, start: int, generation: int, rank: int) -> bool:
-        """Drop ``rank`` from a lease's pending set; frees the lease when none remain.
+    def release(self, start: int, generation: int, holder: int) -> bool:
+        """Drop ``holder`` from a lease's pending set; frees the lease when none remain.
 
-        Returns whether the release matched a live lease (stale or duplicate ones are ignored).
+        Returns whether the release matched a live lease (stale, duplicate or foreign ones
+        are ignored and change nothing).
         """
         with self._lock:
             lease = self._live.get(start)
-            if lease is None or lease.generation != generation or rank not in lease.pending:
+            if lease is None or lease.generation != generation or holder not in lease.pending:
                 return False
-            lease.pending.discard(rank)
+            lease.pending.discard(holder)
             if not lease.pending:
                 self._free_lease(lease)
             return True
 
-    def release_rank(self, rank: int) -> int:
-        """Release everything ``rank`` still holds (it died); returns how many leases it held."""
+    def release_holder(self, holder: int) -> int:
+        """Release everything ``holder`` still holds (its session ended); returns how many."""
         with self._lock:
-            held = [lease for lease in self._live.values() if rank in lease.pending]
+            held = [lease for lease in self._live.values() if holder in lease.pending]
             for lease in held:
-                lease.pending.discard(rank)
+                lease.pending.discard(holder)
                 if not lease.pending:
                     self._free_lease(lease)
             return len(held)
+
+    def release_all(self, start: int, generation: int) -> None:
+        """Free a lease whatever its pending set (a publish that failed after allocating)."""
+        with self._lock:
+            lease = self._live.get(start)
+            if lease is not None and lease.generation == generation:
+                lease.pending.clear()
+                self._free_lease(lease)
+
+    def overdue(self, older_than: float) -> list[Lease]:
+        """Live leases allocated more than ``older_than`` seconds ago (a snapshot)."""
+        cutoff = time.monotonic() - older_than
+        with self._lock:
+            return [lease for lease in self._live.values() if lease.since < cutoff]
 
     def _free_lease(self, lease: Lease) -> None:
         # ORDER: zero the generation before the range can be reallocated, so a stale
@@ -314,6 +366,18 @@ class Arena:
         except BufferError:
             pass  # a caller still holds a view; the mapping goes when that view does
         os.close(self.fd)
+        os.close(self.readonly_fd)
+
+
+def _seal(fd: int) -> bool:
+    """Seal the memfd's size, and its future writes where the kernel can; whether it could."""
+    fixed = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
+    try:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fixed | _F_SEAL_FUTURE_WRITE | fcntl.F_SEAL_SEAL)
+        return True
+    except OSError:  # a kernel before 5.1: the size seals still hold, writes rest on the fd
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fixed | fcntl.F_SEAL_SEAL)
+        return False
 
 
 def read_lease_header(buf: memoryview, start: int) -> tuple[bytes, int, int, int]:

@@ -17,6 +17,8 @@ Tree::
     │   ├── OffsetError                       negative offset / outside the arena or lease
     │   ├── GridMismatch                      rows of a processed tensor disagree with its grid
     │   └── FrameError                        missing, extra or wrong-size inline frames
+    ├── InvalidRequest (also ValueError)      a publish the producer refuses before allocating
+    ├── ConfigurationError (also ValueError)  an argument that cannot work (rank, endpoint)
     ├── NotAConsumer (also LookupError)       this rank is not in the item's consumer set
     ├── StaleReference                        the referenced lease was released and reused
     ├── ArenaFull                             no room in the arena within the wait timeout
@@ -27,6 +29,7 @@ Tree::
     ├── ClosedResourceError                   *your* code closed the object before using it
     ├── BusyResourceError                     concurrent use of a single-user object
     └── MaterializeError (also ValueError)    a request's pixels cannot be turned into features
+        └── ImageDecodeError                  encoded image bytes that do not decode (``__cause__``)
 """
 
 from __future__ import annotations
@@ -37,11 +40,14 @@ __all__ = [
     "BusyResourceError",
     "ByteLengthMismatch",
     "ClosedResourceError",
+    "ConfigurationError",
     "DimensionError",
     "EnvelopeError",
     "FrameError",
     "GridMismatch",
     "HandoverRefused",
+    "ImageDecodeError",
+    "InvalidRequest",
     "LimitExceeded",
     "MalformedEnvelope",
     "MaterializeError",
@@ -100,6 +106,15 @@ class FrameError(EnvelopeError):
     """Inline payload frames missing, surplus, or of the wrong size."""
 
 
+class InvalidRequest(MmwireError, ValueError):
+    """A publish refused before anything was allocated: no items, a bad request id, an item
+    of an unsupported type or dtype, or a ``preprocess`` callable that raised (``__cause__``)."""
+
+
+class ConfigurationError(MmwireError, ValueError):
+    """A constructor argument that cannot work: a rank out of range, ``tcp://`` without CURVE."""
+
+
 class NotAConsumer(MmwireError, LookupError):
     """This rank is not in the item's consumer set: it reads the metadata, never the payload."""
 
@@ -138,3 +153,7 @@ class BusyResourceError(MmwireError):
 
 class MaterializeError(MmwireError, ValueError):
     """One request's pixels cannot be turned into model inputs; other requests are unaffected."""
+
+
+class ImageDecodeError(MaterializeError):
+    """Encoded image bytes that Pillow cannot decode; ``__cause__`` holds Pillow's error."""

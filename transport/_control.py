@@ -1,0 +1,218 @@
+"""The control channel's messages and the producer's table of consumer sessions.
+
+A rank's identity is a *session*, not a number. A consumer on the producer's host gets a
+session from the handover (a random 16-byte token, tied to its handover connection) and
+joins the zmq channel with that token as its routing id; a consumer on another host joins
+with a fresh routing id and, under CURVE, is bound to its public key. Leases are held by
+sessions, so the end of one process (death, eviction, replacement) releases only what that
+process received, never what a newer process of the same rank holds.
+
+Rules
+-----
+* A rank has at most one live session. A second claim is refused, unless it asks to
+  ``replace`` (a local process of an allowed uid, or a remote one on a channel without
+  keys) or comes from the same CURVE key (the same principal reconnecting); the old
+  session is ended first, so its leases are fenced off before the new one gets any.
+* A join must name a session the handover made, on the rank it was made for, or be a
+  remote join where the producer accepts those (``tcp://``).
+* A session handed over but not joined within ``join_timeout`` expires.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Annotated
+
+import msgspec
+import zmq
+
+from ._handover import MAX_RANKS
+
+__all__ = ["CurveKeys", "Join", "Release", "Session", "Sessions", "decode_control"]
+
+_log = logging.getLogger("mmwire.transport")
+
+_U63 = msgspec.Meta(ge=0, le=(1 << 63) - 1)
+
+
+class Join(msgspec.Struct, frozen=True, tag=True):
+    """consumer -> producer, once: this routing id is rank ``rank`` of session ``session``."""
+
+    rank: Annotated[int, msgspec.Meta(ge=0, lt=MAX_RANKS)]
+    shared: bool
+    session: Annotated[bytes, msgspec.Meta(max_length=64)] = b""
+    replace: bool = False
+
+
+class Release(msgspec.Struct, frozen=True, tag=True):
+    """consumer -> producer, once per lease: this session is done with it."""
+
+    lease: Annotated[int, _U63]
+    generation: Annotated[int, _U63]
+
+
+_DECODER = msgspec.msgpack.Decoder(Join | Release)
+ENCODER = msgspec.msgpack.Encoder()
+
+
+def decode_control(body: bytes) -> Join | Release | None:
+    """A control message, or ``None`` for anything that is not one (dropped by the caller)."""
+    if len(body) > 256:
+        return None
+    try:
+        return _DECODER.decode(body)
+    except msgspec.MsgspecError:
+        return None
+
+
+@dataclass(frozen=True)
+class CurveKeys:
+    """A CURVE key pair (z85 bytes), for ``tcp://`` between hosts. See :meth:`generate`."""
+
+    public: bytes
+    secret: bytes
+
+    @classmethod
+    def generate(cls) -> CurveKeys:
+        """A fresh key pair from libzmq."""
+        public, secret = zmq.curve_keypair()
+        return cls(public=public, secret=secret)
+
+
+@dataclass
+class Session:
+    """One consumer process's claim on a rank."""
+
+    id: int
+    """The holder id its leases carry in the arena."""
+    rank: int
+    token: bytes
+    local: bool
+    """It received the arena over the handover socket."""
+    pid: int | None
+    key: bytes | None
+    """Its CURVE public key (z85), for a remote session under CURVE."""
+    since: float
+    ident: bytes | None = None
+    """Its zmq routing id, once joined."""
+    shared: bool = False
+    """It reads payloads from the arena (else they travel to it as frames)."""
+    gone: bool = False
+
+    def __str__(self) -> str:
+        who = f"pid {self.pid}" if self.pid is not None else "a remote process"
+        return f"rank {self.rank} ({who}, session {self.id})"
+
+
+class Sessions:
+    """The producer's sessions; every method runs under the producer's lock.
+
+    ``on_end(session, why)`` runs once per ended session, for the producer to release its
+    leases, close its handover connection and log why.
+    """
+
+    def __init__(self, on_end: Callable[[Session, str], None]) -> None:
+        self._on_end = on_end
+        self._next_id = 1
+        self._by_rank: dict[int, Session] = {}
+        self._by_token: dict[bytes, Session] = {}
+        self._by_ident: dict[bytes, Session] = {}
+
+    def _new(self, rank: int, *, local: bool, pid: int | None, key: bytes | None) -> Session:
+        s = Session(
+            id=self._next_id,
+            rank=rank,
+            token=secrets.token_bytes(16),
+            local=local,
+            pid=pid,
+            key=key,
+            since=time.monotonic(),
+        )
+        self._next_id += 1
+        self._by_rank[rank] = s
+        self._by_token[s.token] = s
+        return s
+
+    def offer(self, rank: int, pid: int, replace: bool) -> Session | str:
+        """A new local session for ``rank`` (the handover's Hello), or why not."""
+        live = self._by_rank.get(rank)
+        if live is not None:
+            if not replace:
+                return (
+                    f"rank {rank} is held by {live}; a second process is refused "
+                    "(pass replace=True to take it over)"
+                )
+            self.end(live, f"replaced by pid {pid}")
+        return self._new(rank, local=True, pid=pid, key=None)
+
+    def join(self, ident: bytes, msg: Join, key: bytes | None, remote_ok: bool) -> Session | str:
+        """Bind a routing id to a session (the channel's Join), or why not."""
+        if ident in self._by_ident:
+            return f"routing id {ident.hex()} already joined as {self._by_ident[ident]}"
+        if msg.session:
+            s = self._by_token.get(msg.session)
+            if s is None or s.gone or s.ident is not None or s.rank != msg.rank:
+                return f"a join for rank {msg.rank} names no session handed over for it"
+        else:
+            if not remote_ok:
+                return (
+                    f"a join for rank {msg.rank} without a handover session (this producer "
+                    "takes remote consumers only on tcp://)"
+                )
+            live = self._by_rank.get(msg.rank)
+            if live is not None:
+                same_key = key is not None and live.key == key
+                if not (same_key or (msg.replace and key is None and not live.local)):
+                    return f"rank {msg.rank} is held by {live}"
+                self.end(live, "replaced by a new remote session")
+            s = self._new(msg.rank, local=False, pid=None, key=key)
+        s.ident = ident
+        s.shared = msg.shared and s.local
+        self._by_ident[ident] = s
+        return s
+
+    def end(self, s: Session, why: str) -> None:
+        """End a session once: forget it and let the producer release what it held."""
+        if s.gone:
+            return
+        s.gone = True
+        if self._by_rank.get(s.rank) is s:
+            del self._by_rank[s.rank]
+        self._by_token.pop(s.token, None)
+        if s.ident is not None and self._by_ident.get(s.ident) is s:
+            del self._by_ident[s.ident]
+        self._on_end(s, why)
+
+    def by_token(self, token: bytes) -> Session | None:
+        """The live session with this handover token."""
+        return self._by_token.get(token)
+
+    def by_ident(self, ident: bytes) -> Session | None:
+        """The joined session with this routing id."""
+        return self._by_ident.get(ident)
+
+    def of_rank(self, rank: int) -> Session | None:
+        """The live session holding ``rank`` (joined or not)."""
+        return self._by_rank.get(rank)
+
+    def joined(self) -> Iterator[Session]:
+        """Every joined session, by rank."""
+        for rank in sorted(self._by_rank):
+            s = self._by_rank[rank]
+            if s.ident is not None:
+                yield s
+
+    def expire(self, join_timeout: float) -> None:
+        """End sessions handed over more than ``join_timeout`` s ago that never joined."""
+        cutoff = time.monotonic() - join_timeout
+        for s in list(self._by_rank.values()):
+            if s.ident is None and s.since < cutoff:
+                self.end(s, f"it did not join the channel within {join_timeout} s")
+
+    def all(self) -> list[Session]:
+        """Every live session."""
+        return list(self._by_rank.values())

@@ -1,0 +1,239 @@
+"""What a producer accepts in ``publish``: the :class:`Item`, and the checks made before
+anything is allocated.
+
+A request is checked whole first: its id, every item's consumers, modality and kind, each
+payload turned into an array (images by the contract of ``_pixels.py``), each raw item's
+spec computed, and the envelopes it will produce encoded and decoded by the consumers' own
+decoder. Only a request that passes all of it gets arena space, so a refused request costs
+nothing and every error is an ``MmwireError``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, get_args
+
+import numpy as np
+import torch
+
+from ._codec import BatchDecoder, encode_batch
+from ._errors import InvalidRequest, MalformedEnvelope, MmwireError
+from ._handover import MAX_RANKS
+from ._index import GlobalIndex
+from ._pixels import to_pixels
+from ._schema import (
+    DTYPES,
+    SCHEMA_VERSION,
+    CpuRef,
+    CudaIpcRef,
+    FabricRef,
+    FeatureEnvelope,
+    Grid,
+    InlineRef,
+    Kind,
+    Modality,
+    PreprocessSpec,
+    TensorSpec,
+)
+
+__all__ = ["MAX_REQUEST_ID", "Item", "PreparedItem", "check_request", "prepare", "validate"]
+
+MAX_REQUEST_ID = 1024
+"""Longest ``request_id``, in UTF-8 bytes."""
+
+_MODALITIES = frozenset(get_args(Modality))
+_KINDS = frozenset(get_args(Kind))
+_DECODER = BatchDecoder()  # the consumers' default limits: what they would refuse, we refuse
+
+Payload = CpuRef | InlineRef | CudaIpcRef | FabricRef
+
+
+@dataclass(frozen=True)
+class Item:
+    """One payload of a request, as the producer hands it to :meth:`CpuProducer.publish`.
+
+    Attributes:
+        data: a numpy array, a torch tensor, a PIL image or encoded image bytes. For raw
+            items these become uint8 ``(H, W, C)`` pixels by the same rules as
+            ``preprocess_images`` (``mmwire.transport.to_pixels``). A CUDA tensor goes into
+            the producer's device pool when it has one (else it is copied to the host once).
+        consumers: the rank(s) that own the item and will read its payload.
+        kind: ``raw`` (pixels, preprocessing deferred), ``processed`` or ``embedding``.
+        grid: the item's patch grid; for raw items it may be left to ``preprocess``.
+        preprocess: the spec of a raw item, or a callable ``(width, height) -> spec`` for
+            images whose size is only known once decoded.
+    """
+
+    data: Any
+    consumers: tuple[int, ...]
+    kind: Kind = "raw"
+    grid: Grid | None = None
+    preprocess: PreprocessSpec | Callable[[int, int], PreprocessSpec] | None = None
+    modality: Modality = "image"
+
+
+@dataclass(frozen=True)
+class PreparedItem:
+    """An item checked and turned into what gets copied: a host array, or a CUDA tensor."""
+
+    item: Item
+    array: np.ndarray[Any, Any] | None
+    """Host bytes to copy into the arena (``None`` for a tensor kept on its GPU)."""
+    dtype: str
+    shape: tuple[int, ...]
+    spec: PreprocessSpec | None
+
+    @property
+    def nbytes(self) -> int:
+        """Host bytes to copy (0 for a tensor kept on its GPU)."""
+        return 0 if self.array is None else int(self.array.nbytes)
+
+
+def check_request(request_id: object, items: object, max_items: int) -> Sequence[Item]:
+    """The request's items after the checks that need no payload; ``InvalidRequest`` else."""
+    if type(request_id) is not str:
+        raise InvalidRequest(f"`request_id` must be a str, got {type(request_id).__name__}")
+    try:
+        n = len(request_id.encode("utf-8"))
+    except UnicodeEncodeError as e:
+        raise InvalidRequest(f"`request_id` {request_id!r} is not encodable as UTF-8") from e
+    if n > MAX_REQUEST_ID:
+        raise InvalidRequest(f"`request_id` is {n} bytes, over {MAX_REQUEST_ID}")
+    if not isinstance(items, Sequence) or isinstance(items, (str, bytes)):
+        raise InvalidRequest(f"`items` must be a sequence of Item, got {type(items).__name__}")
+    if not items:
+        raise InvalidRequest(f"request {request_id!r} has no items")
+    if len(items) > max_items:
+        raise InvalidRequest(
+            f"request {request_id!r} has {len(items)} items, over `max_items` {max_items}"
+        )
+    for k, item in enumerate(items):
+        where = f"item {k} of request {request_id!r}"
+        if not isinstance(item, Item):
+            raise InvalidRequest(f"{where} is a {type(item).__name__}, not an Item")
+        consumers = item.consumers
+        if not isinstance(consumers, (tuple, list)) or not consumers:
+            raise InvalidRequest(f"{where} must name its consumers as a non-empty tuple of ranks")
+        for r in consumers:
+            if type(r) is not int or not 0 <= r < MAX_RANKS:
+                raise InvalidRequest(
+                    f"{where} names consumer {r!r}; ranks are ints in [0, {MAX_RANKS})"
+                )
+        if len(set(consumers)) != len(consumers):
+            raise InvalidRequest(f"{where} names a consumer twice: {list(consumers)}")
+        if item.modality not in _MODALITIES:
+            raise InvalidRequest(
+                f"{where} has `modality` {item.modality!r}; one of {sorted(_MODALITIES)}"
+            )
+        if item.kind not in _KINDS:
+            raise InvalidRequest(f"{where} has `kind` {item.kind!r}; one of {sorted(_KINDS)}")
+    return items
+
+
+def prepare(
+    request_id: str, index: int, item: Item, on_device: tuple[tuple[int, ...], str] | None
+) -> PreparedItem:
+    """Turn one item's data into host bytes (unless ``on_device`` gives its pool placement's
+    shape and dtype) and resolve its spec."""
+    where = f"item {index} of request {request_id!r}"
+    if on_device is not None:
+        shape, dtype = on_device
+        return PreparedItem(item, None, dtype, shape, _spec(item, shape, where))
+    data = item.data
+    if isinstance(data, torch.Tensor) and data.is_cuda:
+        data = data.cpu()
+    try:
+        if item.kind == "raw":
+            arr: np.ndarray[Any, Any] = to_pixels(data)
+            dtype = "uint8"
+        else:
+            arr, dtype = _as_array(data, where)
+    except MmwireError as e:
+        raise type(e)(f"{where}: {e}") from e.__cause__
+    shape = tuple(int(d) for d in arr.shape)
+    return PreparedItem(item, arr, dtype, shape, _spec(item, shape, where))
+
+
+def _spec(item: Item, shape: tuple[int, ...], where: str) -> PreprocessSpec | None:
+    spec = item.preprocess
+    if spec is None or isinstance(spec, PreprocessSpec):
+        return spec
+    if not callable(spec):
+        raise InvalidRequest(f"{where}: `preprocess` must be a spec or a callable")
+    if len(shape) < 2:
+        raise InvalidRequest(f"{where}: a `preprocess` callable needs (H, W, ...) data")
+    try:
+        got = spec(shape[1], shape[0])
+    except Exception as e:
+        raise InvalidRequest(f"{where}: its `preprocess` callable raised {e!r}") from e
+    if not isinstance(got, PreprocessSpec):
+        raise InvalidRequest(
+            f"{where}: its `preprocess` callable returned a {type(got).__name__}, "
+            "not a PreprocessSpec"
+        )
+    return got
+
+
+def _as_array(data: Any, where: str) -> tuple[np.ndarray[Any, Any], str]:
+    """A C-contiguous array of a processed/embedding item's data and its dtype name."""
+    if isinstance(data, torch.Tensor):
+        t = data.detach().contiguous()
+        if t.dtype == torch.bfloat16:
+            return t.view(torch.int16).numpy(), "bfloat16"
+        arr = t.numpy()
+    elif isinstance(data, np.ndarray):
+        arr = data
+    elif isinstance(data, (bytes, bytearray, memoryview)) or hasattr(data, "getbands"):
+        return to_pixels(data), "uint8"
+    else:
+        raise InvalidRequest(
+            f"{where}: cannot publish {type(data).__name__}: give an array, tensor, PIL image "
+            "or bytes"
+        )
+    arr = np.ascontiguousarray(arr)
+    name = arr.dtype.name
+    if name not in DTYPES:
+        raise InvalidRequest(f"{where}: dtype `{name}` is not in the whitelist {sorted(DTYPES)}")
+    if arr.ndim == 0 or arr.size == 0:
+        raise InvalidRequest(f"{where}: an empty array of shape {list(arr.shape)}")
+    return arr, name
+
+
+def envelope(
+    request_id: str, index: int, prepared: PreparedItem, nbytes: int, payload: Payload
+) -> FeatureEnvelope:
+    """The envelope of one prepared item (raises an ``EnvelopeError`` for a bad one)."""
+    item, spec = prepared.item, prepared.spec
+    grid = item.grid if item.grid is not None else (spec.plan.grid if spec is not None else None)
+    where = f"item {index} of request {request_id!r}"
+    if grid is None:
+        raise MalformedEnvelope(f"{where} needs a `grid`")
+    try:
+        return FeatureEnvelope(
+            version=SCHEMA_VERSION,
+            request_id=request_id,
+            index=GlobalIndex(index),
+            modality=item.modality,
+            kind=item.kind,
+            grid=grid,
+            tensor=TensorSpec(dtype=prepared.dtype, shape=prepared.shape, nbytes=nbytes),
+            payload=payload,
+            consumers=tuple(item.consumers),
+            preprocess=spec,
+        )
+    except MmwireError:
+        raise
+    except Exception as e:  # a field of the wrong type reaching a cross-field check
+        raise MalformedEnvelope(f"{where}: {e}") from e
+
+
+def validate(envelopes: list[FeatureEnvelope]) -> None:
+    """Encode the envelopes and decode them as a consumer would; its error if it would refuse."""
+    try:
+        frames = encode_batch(envelopes)
+    except MmwireError:
+        raise
+    except Exception as e:  # msgspec's encode errors: a field msgpack cannot carry
+        raise MalformedEnvelope(f"the request's envelopes do not encode: {e}") from e
+    _DECODER.decode(frames)

@@ -1,0 +1,739 @@
+"""The producer of the ``cpu`` backend: one arena, one handover socket, one zmq channel.
+
+Layout
+------
+Control plane, one zmq ROUTER (producer) and one DEALER per consumer process::
+
+    consumer -> producer   msgpack Join{rank, shared, session, replace}   once
+    producer -> consumer   [header, inline frames...]                     one batch per request
+    producer -> consumer   [NOTICE, reason]                               a refused join, eviction
+    consumer -> producer   msgpack Release{lease, generation}             once per lease
+
+Data plane: the arena (``_arena.py``), handed over once per consumer process by
+``_handover.py``. A remote consumer receives the same envelopes with ``InlineRef`` payloads
+whose frames are the arena slices themselves, sent without copying.
+
+States
+------
+Per lease: *live, pending = {owner sessions}* -> *free* when the pending set empties. A remote
+session's part is pending until zmq's send tracker reports its frames sent.
+Per session (``_control.py``): *handed over* -> *joined* -> *ended*.
+
+Transitions
+-----------
+* ``publish``: check the whole request (``_items.py``), allocate (waiting for releases up to
+  ``full_timeout``, then ``ArenaFull`` or the inline fallback), write each payload once,
+  publish the lease, send the batch to every joined session.
+* a send to a session whose queue is full (``max_backlog`` batches) waits for it, up to
+  ``slow_consumer_timeout`` s; then that session is ended (evicted) and logged.
+* ``Release`` from a session: it leaves the lease's pending set; anything else is dropped.
+* a session ends (its process exits, it is evicted, replaced, never joins, or holds a lease
+  past ``lease_timeout``): every lease pending on it is released, its handover connection
+  closed.
+
+Invariants
+----------
+* A publish either reaches every joined session, or raises; it never reports success for a
+  batch that a consumer it names will not get. A failed publish leaves nothing allocated.
+* The control thread processes joins, releases, finished sends and timeouts whether or not
+  the application calls :meth:`CpuProducer.poll`; every use of the zmq socket is under one
+  lock, and nothing blocks while holding it.
+* No pickle anywhere; every received message goes through a typed decoder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import select
+import shutil
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, final
+
+import msgspec
+import numpy as np
+import torch
+import zmq
+
+from ._arena import ARENA_HEADER, LEASE_HEADER, Arena, ArenaStatistics, Lease
+from ._codec import Limits, encode_batch
+from ._control import CurveKeys, Join, Session, Sessions, decode_control
+from ._errors import (
+    ArenaFull,
+    ClosedResourceError,
+    ConfigurationError,
+    PeerGone,
+)
+from ._gpu import DevicePoolMode, DevicePoolStatistics, ProducerDevice
+from ._handover import HandoverServer, Hello, Offer, Refusal
+from ._items import Item, PreparedItem, check_request, envelope, prepare, validate
+from ._schema import CpuRef, CudaIpcRef, FabricRef, FeatureEnvelope, InlineRef
+from ._select import BackendChoice
+
+__all__ = ["NOTICE", "CpuProducer", "ProducerStatistics"]
+
+_log = logging.getLogger("mmwire.transport")
+
+NOTICE = b"\x00mmwire-notice"
+"""First frame of a producer -> consumer notice (never a valid batch header)."""
+
+_TICK = 0.05  # the control thread's longest sleep: the bound on a missed wake-up
+
+
+@dataclass(frozen=True)
+class ProducerStatistics:
+    """A snapshot of a producer."""
+
+    arena: ArenaStatistics
+    """The arena's use."""
+    consumers: tuple[int, ...]
+    """Ranks joined on the channel."""
+    inline_fallbacks: int
+    """Requests sent inline because the arena was full (``on_full='inline'``)."""
+    sends_in_flight: int
+    """Zero-copy sends to remote consumers not yet done."""
+    handovers_refused: int
+    """Processes refused the arena (credentials, a malformed or missing hello, a held rank)."""
+    device_pool: DevicePoolStatistics | None = None
+    """The device pool's use, when the producer has one."""
+    sessions_ended: int = 0
+    """Consumer sessions that ended (exited, evicted, replaced or never joined)."""
+    evictions: int = 0
+    """Sessions ended by the producer: a queue full past ``slow_consumer_timeout`` or a
+    lease held past ``lease_timeout``."""
+    joins_refused: int = 0
+    """Join messages refused (no session, a held rank, a foreign key)."""
+    messages_dropped: int = 0
+    """Channel messages that were not control messages, or came from no joined session."""
+    releases_ignored: int = 0
+    """Releases that matched no lease this session holds (stale, repeated or forged)."""
+
+
+@final
+class CpuProducer:
+    """The tokenizer/encoder side: owns the arena, the handover socket and the channel.
+
+    Args:
+        endpoint: where consumers connect. ``None`` binds ``ipc://`` in a private ``0700``
+            directory; ``tcp://HOST:PORT`` binds there and needs ``curve``.
+        arena_size: bytes preallocated and prefaulted at start.
+        on_full: ``"wait"`` waits up to ``full_timeout`` seconds for releases, then raises
+            :class:`ArenaFull`; ``"inline"`` sends the request as inline frames (warns once).
+            A request larger than the whole arena raises at once.
+        allowed_uids: uids allowed to receive the arena (default: this process's uid).
+        curve: a server key pair; with it a ``tcp://`` endpoint only accepts clients whose
+            public key is in ``curve_clients``, traffic is encrypted, and a remote rank is
+            bound to the key it joined with.
+        allow_insecure_tcp: let a ``tcp://`` endpoint run without CURVE (anyone who reaches
+            the port can then join as any free rank and read what it is sent). Warns.
+        device_pool: keep CUDA tensors on the GPU: ``"cuda_ipc"`` (one ``cuMemAlloc`` pool,
+            IPC handle), ``"fabric"`` (a VMM pool: FABRIC handle if the driver permits,
+            else a POSIX fd over the handover socket), ``"auto"`` (the rule of
+            :func:`choose_backend`; ``backend_choice`` says what and why), ``"none"``.
+        device / device_pool_size: the pool's GPU and data bytes.
+        on_pool_full: ``"cpu"`` sends CUDA items through the host arena when the pool is
+            full (warns once); ``"wait"`` reclaims until ``full_timeout``, then ``ArenaFull``.
+        max_backlog: batches queued for one consumer before a publish waits for it.
+        slow_consumer_timeout: seconds a publish waits for a consumer whose queue is full
+            before that consumer is declared gone (its leases freed, a warning logged).
+        lease_timeout: seconds a consumer may hold a lease before it is declared hung and
+            gone (``None``: never).
+        join_timeout: seconds a process that received the arena has to join the channel.
+
+    One thread publishes; a control thread of the producer's own serves joins and releases.
+    """
+
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        *,
+        arena_size: int = 1 << 30,
+        on_full: Literal["wait", "inline"] = "wait",
+        full_timeout: float = 5.0,
+        allowed_uids: Collection[int] | None = None,
+        curve: CurveKeys | None = None,
+        curve_clients: Collection[bytes] = (),
+        allow_insecure_tcp: bool = False,
+        prefault: bool = True,
+        device_pool: DevicePoolMode = "none",
+        device: str | torch.device | None = None,
+        device_pool_size: int = 256 << 20,
+        on_pool_full: Literal["cpu", "wait"] = "cpu",
+        max_backlog: int = 1000,
+        slow_consumer_timeout: float = 30.0,
+        lease_timeout: float | None = 300.0,
+        join_timeout: float = 10.0,
+    ) -> None:
+        self.closed = True  # until every resource below exists
+        tcp = (endpoint or "").startswith("tcp://")
+        if tcp and curve is None:
+            if not allow_insecure_tcp:
+                raise ConfigurationError(
+                    f"endpoint {endpoint!r} is tcp without CURVE: anyone who reaches the port "
+                    "could join as a rank; pass `curve=CurveKeys.generate()` (and the clients' "
+                    "keys), or `allow_insecure_tcp=True` on a network you trust"
+                )
+            warnings.warn(
+                f"mmwire producer on {endpoint} without CURVE: anyone who reaches it can join",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        for name, value in (
+            ("max_backlog", max_backlog),
+            ("slow_consumer_timeout", slow_consumer_timeout),
+            ("join_timeout", join_timeout),
+            ("full_timeout", full_timeout + 1),
+            ("lease_timeout", 1 if lease_timeout is None else lease_timeout),
+        ):
+            if not value > 0:
+                raise ConfigurationError(f"`{name}` must be positive, got {value}")
+        self._device = ProducerDevice(
+            device_pool,
+            None if device is None else torch.device(device),
+            device_pool_size,
+            spans_hosts=tcp,
+            on_full=on_pool_full,
+            full_timeout=full_timeout,
+        )
+        self._dir = tempfile.mkdtemp(prefix="mmwire-")
+        os.chmod(self._dir, 0o700)
+        self.arena = Arena(arena_size, prefault=prefault)
+        self.on_full = on_full
+        self.full_timeout = full_timeout
+        self.slow_consumer_timeout = slow_consumer_timeout
+        self.lease_timeout = lease_timeout
+        self.join_timeout = join_timeout
+        self._limits = Limits()
+        self._max_backlog = max_backlog
+        self._lock = threading.RLock()
+        self._activity = threading.Condition(self._lock)
+        self._sessions = Sessions(self._session_ended)
+        self._remote_ok = tcp
+        self._curve = curve is not None
+        self._trackers: list[tuple[zmq.MessageTracker, int, int, Session]] = []
+        self._inline_fallbacks = 0
+        self._warned_inline = False
+        self._counts = {"ended": 0, "evicted": 0, "joins": 0, "dropped": 0, "ignored": 0}
+        self._noted: set[str] = set()
+        self._last_sweep = 0.0
+        fds = [self.arena.readonly_fd]
+        if self._device.fd is not None:
+            fds.append(self._device.fd)
+        self.handover = HandoverServer(
+            os.path.join(self._dir, "handover.sock"),
+            fds,
+            self._admit,
+            self._handover_closed,
+            allowed_uids=allowed_uids,
+        )
+        self._ctx = zmq.Context()
+        self._auth: Any = None
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a full or unknown peer raises, never drops
+        self._sock.setsockopt(zmq.SNDHWM, max_backlog)
+        self._sock.setsockopt(zmq.RCVHWM, 100_000)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, 1 << 12)  # control messages are tiny
+        if curve is not None:
+            self._start_curve(curve, curve_clients)
+        self._sock.bind(endpoint or f"ipc://{self._dir}/channel")
+        self.endpoint: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._zmq_fd = int(self._sock.getsockopt(zmq.FD))
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self.closed = False
+        self._thread = threading.Thread(target=self._serve, name="mmwire-control", daemon=True)
+        self._thread.start()
+
+    def _start_curve(self, keys: CurveKeys, clients: Collection[bytes]) -> None:
+        from zmq.auth.thread import ThreadAuthenticator
+
+        allowed = set(clients)
+
+        class _Keys:
+            def callback(self, domain: str, key: bytes) -> bool:
+                return zmq.utils.z85.encode(key) in allowed or key in allowed
+
+        self._auth = ThreadAuthenticator(self._ctx)
+        self._auth.start()
+        self._auth.configure_curve_callback(domain="*", credentials_provider=_Keys())
+        self._sock.curve_server = True
+        self._sock.curve_secretkey = keys.secret
+        self._sock.curve_publickey = keys.public
+
+    @property
+    def backend_choice(self) -> BackendChoice:
+        """Which backend this producer's CUDA items use, and why."""
+        return self._device.choice
+
+    @property
+    def handover_path(self) -> str:
+        """The Unix socket consumers on this host pass to :class:`CpuConsumer`."""
+        return self.handover.path
+
+    # -- sessions ---------------------------------------------------------------------
+
+    def _admit(self, hello: Hello, pid: int) -> Offer | Refusal:
+        """The handover thread's question: may process ``pid`` take ``hello.rank``?"""
+        with self._lock:
+            if self.closed:
+                return Refusal(reason="the producer is closing")
+            got = self._sessions.offer(hello.rank, pid, hello.replace)
+            if isinstance(got, str):
+                return Refusal(reason=got)
+            _log.info("mmwire: %s received the arena", got)
+            return Offer(
+                arena_id=self.arena.id,
+                size=self.arena.size,
+                session=got.token,
+                pool=self._device.offer,
+            )
+
+    def _handover_closed(self, token: bytes) -> None:
+        with self._lock:
+            s = self._sessions.by_token(token)
+            if s is not None:
+                self._sessions.end(s, "its process closed the handover connection")
+            self._activity.notify_all()
+
+    def _session_ended(self, s: Session, why: str) -> None:
+        """Release what an ended session held (under the lock, from ``Sessions.end``)."""
+        held = self.arena.release_holder(s.id)
+        self._trackers = [t for t in self._trackers if t[3] is not s]
+        if self._sessions.of_rank(s.rank) is None:
+            self._device.rank_gone(s.rank)
+        if s.local:
+            self.handover.drop(s.token)
+        elif s.ident is not None and not self.closed:
+            with contextlib.suppress(zmq.ZMQError):
+                self._sock.send_multipart(
+                    [s.ident, NOTICE, f"ended: {why}".encode()], flags=zmq.NOBLOCK
+                )
+        self._counts["ended"] += 1
+        level = logging.INFO if why.startswith("its process closed") else logging.WARNING
+        _log.log(level, "mmwire: %s is gone: %s; %d leases released", s, why, held)
+
+    def _evict(self, s: Session, why: str) -> None:
+        self._counts["evicted"] += 1
+        self._sessions.end(s, why)
+
+    # -- the control thread -----------------------------------------------------------
+
+    def _serve(self) -> None:
+        while not self.closed:
+            try:
+                select.select([self._zmq_fd, self._wake_r], [], [], _TICK)
+            except (OSError, ValueError):
+                return
+            with contextlib.suppress(BlockingIOError, OSError):
+                os.read(self._wake_r, 4096)
+            with self._lock:
+                if self.closed:
+                    return
+                try:
+                    self._service()
+                except Exception as e:  # a bug must not stop releases for everyone
+                    self._note("service", f"the control thread caught {e!r}")
+
+    def _service(self) -> None:
+        """Process everything pending: messages, finished sends, timeouts (under the lock)."""
+        busy = False
+        while int(self._sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+            try:
+                frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            self._on_message(frames)
+            busy = True
+        if self._trackers:
+            still = []
+            for t in self._trackers:
+                tracker, start, gen, s = t
+                if tracker.done:
+                    self.arena.release(start, gen, s.id)
+                    busy = True
+                else:
+                    still.append(t)
+            self._trackers = still
+        now = time.monotonic()
+        if now - self._last_sweep > 0.25:
+            self._last_sweep = now
+            self._sessions.expire(self.join_timeout)
+            if self.lease_timeout is not None:
+                self._expire_leases(self.lease_timeout)
+        if busy:
+            self._activity.notify_all()
+
+    def _on_message(self, frames: list[Any]) -> None:
+        if len(frames) != 2:
+            self._drop(f"a message of {len(frames)} frames")
+            return
+        ident, body = frames[0].bytes, frames[1]
+        msg = decode_control(body.bytes)
+        if msg is None:
+            self._drop("a message that is not a control message")
+            return
+        if isinstance(msg, Join):
+            self._on_join(ident, msg, body)
+            return
+        s = self._sessions.by_ident(ident)
+        if s is None:
+            self._drop("a release from no joined session")
+        elif not self.arena.release(msg.lease, msg.generation, s.id):
+            self._counts["ignored"] += 1
+            self._note("release", f"{s} released a lease it does not hold (ignored)")
+
+    def _on_join(self, ident: bytes, msg: Join, body: Any) -> None:
+        key = None
+        if self._curve:
+            with contextlib.suppress(Exception):
+                key = body.get("User-Id").encode()
+        got = self._sessions.join(ident, msg, key, self._remote_ok)
+        if isinstance(got, str):
+            self._counts["joins"] += 1
+            self._note("join", f"refused a join: {got}")
+            with contextlib.suppress(zmq.ZMQError):
+                self._sock.send_multipart(
+                    [ident, NOTICE, f"refused: {got}".encode()], flags=zmq.NOBLOCK
+                )
+            return
+        _log.info("mmwire: %s joined the channel", got)
+        self._activity.notify_all()
+
+    def _expire_leases(self, timeout: float) -> None:
+        for lease in self.arena.overdue(timeout):
+            for s in [s for s in self._sessions.all() if s.id in lease.pending]:
+                self._evict(
+                    s,
+                    f"it held the lease of request {lease.tag!r} for more than "
+                    f"`lease_timeout` {timeout} s (hung?)",
+                )
+
+    def _drop(self, what: str) -> None:
+        self._counts["dropped"] += 1
+        self._note(what, f"dropped {what} on the channel")
+
+    def _note(self, kind: str, message: str) -> None:
+        """Log the first event of each kind; ``statistics()`` counts them all."""
+        if kind not in self._noted:
+            self._noted.add(kind)
+            _log.warning("mmwire: %s (further ones are counted, not logged)", message)
+
+    # -- control messages -------------------------------------------------------------
+
+    def poll(self, timeout: float = 0.0) -> None:
+        """Process joins, releases and finished sends now; waits up to ``timeout`` s for one.
+
+        The producer's control thread does this on its own; call it to wait for activity.
+        """
+        self._check_open()
+        with self._lock:
+            self._service()
+            if timeout > 0:
+                self._activity.wait(timeout)
+                self._service()
+
+    def wait_for_consumers(self, ranks: Collection[int], timeout: float = 30.0) -> None:
+        """Block until every rank in ``ranks`` has joined; ``TimeoutError`` otherwise."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                missing = sorted(set(ranks) - {s.rank for s in self._sessions.joined()})
+            if not missing:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"ranks {missing} did not join within {timeout} s")
+            self.poll(0.05)
+
+    # -- publishing -------------------------------------------------------------------
+
+    def publish(self, request_id: str, items: Sequence[Item]) -> list[FeatureEnvelope]:
+        """Write one request's payloads once and send its envelopes to every joined rank.
+
+        Host payloads go into one arena lease (``CpuRef``, or ``InlineRef`` after an inline
+        fallback); CUDA tensors into the device pool when there is one and every consumer
+        of the item is on this host (``CudaIpcRef``/``FabricRef``), else through the host.
+        The whole request is checked before anything is allocated, and a publish that
+        fails leaves nothing allocated. Raises only ``MmwireError`` subclasses:
+
+        * ``InvalidRequest``: no items, a bad ``request_id``, an item of an unsupported
+          type or dtype, a bad consumer list, a ``preprocess`` callable that raised;
+        * ``MaterializeError`` (``ImageDecodeError``): a raw item's image that cannot be
+          taken (``mmwire.transport.to_pixels``'s contract);
+        * ``EnvelopeError``: envelopes the consumers would refuse (a grid, spec or limit);
+        * ``ArenaFull``: no room within ``full_timeout`` (at once if it can never fit);
+        * ``PeerGone``: a named rank has not joined, or went away before receiving it;
+        * ``ClosedResourceError``: the producer was closed.
+        """
+        self._check_open()
+        items = check_request(request_id, items, self._limits.max_items)
+        with self._lock:
+            self._service()
+            owners = {r for item in items for r in item.consumers}
+            sessions = {s.rank: s for s in self._sessions.joined()}
+        missing = sorted(owners - set(sessions))
+        if missing:
+            raise PeerGone(
+                f"request {request_id!r} names consumer ranks {missing}, which have not joined "
+                f"(joined: {sorted(sessions)})"
+            )
+        placed: dict[int, tuple[CudaIpcRef | FabricRef, tuple[int, ...], str]] = {}
+        lease: Lease | None = None
+        try:
+            for k, item in enumerate(items):
+                if all(sessions[r].shared for r in item.consumers):  # all on this host
+                    placement = self._device.place(item.data, item.consumers, self.poll)
+                    if placement is not None:
+                        placed[k] = placement
+            prepared = [
+                prepare(request_id, k, item, placed[k][1:] if k in placed else None)
+                for k, item in enumerate(items)
+            ]
+            envs = self._checked_envelopes(request_id, prepared, placed)
+            host = [k for k in range(len(items)) if k not in placed]
+            if host:
+                holders = {sessions[r].id for k in host for r in items[k].consumers}
+                try:
+                    lease = self.arena.allocate(
+                        [prepared[k].nbytes for k in host],
+                        holders,
+                        self.full_timeout,
+                        tag=request_id,
+                    )
+                except ArenaFull:
+                    if self.on_full != "inline" or placed:
+                        raise
+                    return self._publish_inline(request_id, prepared, envs)
+                envs = self._fill(lease, prepared, envs, host)
+                self.arena.publish(lease)
+            with self._lock:
+                gone = [s for s in sessions.values() if s.gone and s.rank in owners]
+                if gone:
+                    raise PeerGone(
+                        f"request {request_id!r}: {', '.join(map(str, gone))} went away "
+                        "before it was sent"
+                    )
+                missed = self._deliver(envs, lease)
+        except BaseException:
+            self._device.undo([ref for ref, _, _ in placed.values()])
+            if lease is not None:
+                self.arena.release_all(lease.start, lease.generation)
+            raise
+        _raise_if_lost(request_id, missed, owners)
+        return envs
+
+    def _checked_envelopes(
+        self,
+        request_id: str,
+        prepared: list[PreparedItem],
+        placed: dict[int, tuple[CudaIpcRef | FabricRef, tuple[int, ...], str]],
+    ) -> list[FeatureEnvelope]:
+        """Envelopes with stand-in arena references, validated as a consumer would."""
+        envs = []
+        for k, p in enumerate(prepared):
+            if k in placed:
+                ref: CpuRef | CudaIpcRef | FabricRef = placed[k][0]
+                nbytes = placed[k][0].length
+            else:
+                nbytes = p.nbytes
+                at = ARENA_HEADER + LEASE_HEADER
+                ref = CpuRef(
+                    arena_id=self.arena.id,
+                    lease=ARENA_HEADER,
+                    offset=at,
+                    length=nbytes,
+                    generation=1,
+                )
+            envs.append(envelope(request_id, k, p, nbytes, ref))
+        validate(envs)
+        return envs
+
+    def _fill(
+        self,
+        lease: Lease,
+        prepared: list[PreparedItem],
+        envs: list[FeatureEnvelope],
+        host: list[int],
+    ) -> list[FeatureEnvelope]:
+        """Copy the host payloads into the lease; the envelopes with their real references."""
+        out = list(envs)
+        for k, (off, n) in zip(host, lease.slots):
+            arr = prepared[k].array
+            if arr is None:  # host slots are made only for items with host bytes
+                raise TypeError(f"item {k} has no host bytes")
+            dst = np.frombuffer(self.arena.view, dtype=np.uint8, count=n, offset=off)
+            dst[:] = arr.reshape(-1).view(np.uint8)
+            ref = CpuRef(
+                arena_id=self.arena.id,
+                lease=lease.start,
+                offset=off,
+                length=n,
+                generation=lease.generation,
+            )
+            out[k] = msgspec.structs.replace(envs[k], payload=ref)
+        return out
+
+    def _deliver(
+        self, envs: list[FeatureEnvelope], lease: Lease | None, frames: list[Any] | None = None
+    ) -> list[Session]:
+        """Send a batch to every joined session, waiting for full queues; the sessions that
+        did not get it (evicted, or gone while it waited).
+
+        Called under the lock; releases it only while waiting, so the control thread keeps
+        serving releases. One thread publishes, so each session gets batches in order.
+        """
+        shared_frames = encode_batch(envs) if frames is None else frames
+        waiting: list[tuple[Session, list[Any], bool]] = []
+        for s in list(self._sessions.joined()):
+            frames, track = self._frames_for(s, envs, shared_frames)
+            if not self._try_send(s, frames, track, lease):
+                waiting.append((s, frames, track))
+        deadline = time.monotonic() + self.slow_consumer_timeout
+        pause = 0.0005
+        missed: list[Session] = []
+        while waiting:
+            self._activity.wait(pause)  # releases the lock while it waits
+            pause = min(pause * 2, 0.02)
+            missed += [s for s, _, _ in waiting if s.gone]  # died while we waited
+            waiting = [w for w in waiting if not w[0].gone and not self._try_send(*w, lease)]
+            if waiting and time.monotonic() > deadline:
+                for s, _, _ in waiting:
+                    self._evict(
+                        s,
+                        f"its queue stayed full ({self._max_backlog} batches) "
+                        f"for `slow_consumer_timeout` {self.slow_consumer_timeout} s",
+                    )
+                    missed.append(s)
+                break
+        return missed
+
+    def _frames_for(
+        self, s: Session, envs: list[FeatureEnvelope], shared_frames: list[Any]
+    ) -> tuple[list[Any], bool]:
+        owned = [] if s.shared else [k for k, e in enumerate(envs) if s.rank in e.consumers]
+        owned = [k for k in owned if isinstance(envs[k].payload, CpuRef)]
+        if not owned:  # same host, or a remote rank that only needs the metadata
+            return shared_frames, False
+        # Another host: the slices of the items it owns go out as frames, zero-copy, and
+        # the lease stays pending for this session until zmq says the frames are sent.
+        frame_of = {k: n for n, k in enumerate(owned)}
+        remote_envs = [
+            msgspec.structs.replace(e, payload=InlineRef(frame=frame_of[k])) if k in frame_of else e
+            for k, e in enumerate(envs)
+        ]
+        slices = [self._arena_slice(envs[k]) for k in owned]
+        return encode_batch(remote_envs, slices), True
+
+    def _try_send(self, s: Session, frames: list[Any], track: bool, lease: Lease | None) -> bool:
+        """Queue a batch for a session; False if its queue is full (nothing was sent)."""
+        ident = s.ident or b""  # joined sessions always have one
+        try:
+            tracker = self._sock.send_multipart(
+                [ident, *frames], flags=zmq.NOBLOCK, copy=False, track=track
+            )
+        except zmq.Again:
+            return False
+        except zmq.ZMQError as e:  # EHOSTUNREACH: its connection is gone
+            self._sessions.end(s, f"its channel connection is gone ({e})")
+            return True
+        if track and tracker is not None and lease is not None:
+            self._trackers.append((tracker, lease.start, lease.generation, s))
+        return True
+
+    def _arena_slice(self, env: FeatureEnvelope) -> memoryview:
+        ref = env.payload
+        if not isinstance(ref, CpuRef):
+            raise TypeError(f"item {env.index.value} is not in the arena")
+        return self.arena.view[ref.offset : ref.offset + ref.length]
+
+    def _publish_inline(
+        self, request_id: str, prepared: list[PreparedItem], envs: list[FeatureEnvelope]
+    ) -> list[FeatureEnvelope]:
+        if not self._warned_inline:
+            warnings.warn(
+                "mmwire arena full: sending requests as inline frames", RuntimeWarning, stacklevel=3
+            )
+            self._warned_inline = True
+        inline = [
+            msgspec.structs.replace(e, payload=InlineRef(frame=k)) for k, e in enumerate(envs)
+        ]
+        frames = encode_batch(inline, [p.array for p in prepared])
+        owners = {r for p in prepared for r in p.item.consumers}
+        with self._lock:
+            evicted = self._deliver(inline, None, frames)
+        self._inline_fallbacks += 1
+        _raise_if_lost(request_id, evicted, owners)
+        return inline
+
+    def statistics(self) -> ProducerStatistics:
+        """A snapshot: arena use, joined ranks, fallbacks, sends in flight, what was refused."""
+        with self._lock:
+            return ProducerStatistics(
+                arena=self.arena.statistics(),
+                consumers=tuple(sorted(s.rank for s in self._sessions.joined())),
+                inline_fallbacks=self._inline_fallbacks,
+                sends_in_flight=len(self._trackers),
+                handovers_refused=self.handover.refused,
+                device_pool=self._device.statistics(),
+                sessions_ended=self._counts["ended"],
+                evictions=self._counts["evicted"],
+                joins_refused=self._counts["joins"],
+                messages_dropped=self._counts["dropped"],
+                releases_ignored=self._counts["ignored"],
+            )
+
+    def reclaim(self) -> int:
+        """Check the device pool's acknowledgements now (one batched read); slots freed."""
+        self._check_open()
+        self.poll(0)
+        return 0 if self._device.pool is None else self._device.pool.reclaim()
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ClosedResourceError("this CpuProducer was closed")
+
+    def close(self) -> None:
+        """Stop serving and drop the producer's hold on the arena (idempotent)."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"x")
+        self._thread.join(timeout=5)
+        self.handover.close()
+        with self._lock:
+            self._sock.close(0)
+        if self._auth is not None:
+            self._auth.stop()
+        self._ctx.term()
+        self.arena.close()
+        self._device.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def __enter__(self) -> CpuProducer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if not getattr(self, "closed", True):
+            warnings.warn("unclosed CpuProducer", ResourceWarning, stacklevel=1)
+
+
+def _raise_if_lost(request_id: str, missed: list[Session], owners: set[int]) -> None:
+    """``PeerGone`` if a session that owns items of the request did not receive it."""
+    lost = sorted(s.rank for s in missed if s.rank in owners)
+    if lost:
+        raise PeerGone(
+            f"request {request_id!r} was not delivered to ranks {lost}: they were declared "
+            "gone while it waited for them (the other ranks received it)"
+        )
