@@ -21,6 +21,7 @@ from mmwire.transport import (
 )
 
 from ._pipeline import produce
+from ._plan import expected_plan
 
 __all__ = ["MaterializedBatch", "Materializer", "PayloadSource"]
 
@@ -72,6 +73,12 @@ class Materializer:
             the ``mmwire.kernels`` pipeline there; ``"auto"`` (default) is ``"cuda"`` for a
             CUDA device when CuPy is installed, else ``"cpu"``. Both give the same bytes.
         max_pixels: ceiling on a raw item's ``W·H``.
+        max_output_bytes: ceiling on one batch's ``pixel_values``, checked before anything
+            is allocated (default 4 GiB).
+
+    The owner trusts nothing in an envelope it can recompute: a raw item's plan must be the
+    one its size gets under its spec's limits (``GridMismatch`` otherwise), so what one
+    envelope can make this rank do is bounded by its own pixels and its checkpoint's limits.
 
     A failing item raises a ``MaterializeError`` (or ``GridMismatch``) naming it; nothing is
     left half-done and the materializer keeps serving the next batch.
@@ -85,11 +92,13 @@ class Materializer:
         *,
         backend: Literal["auto", "cpu", "cuda"] = "auto",
         max_pixels: int = 178_956_970,
+        max_output_bytes: int = 4 << 30,
     ) -> None:
         self.rank = rank
         self.device = torch.device(device)
         self.dtype = dtype
         self.max_pixels = max_pixels
+        self.max_output_bytes = max_output_bytes
         self.backend: Literal["cpu", "cuda"] = resolve_backend(backend, self.device)
         if self.backend == "cuda":
             from mmwire.kernels import CupyLauncher
@@ -108,6 +117,13 @@ class Materializer:
             raise MaterializeError(f"items of one batch use different patch sizes {sorted(patch)}")
         p = patch.pop() if patch else 14
         walk = self._walk(batch, envs, p)
+        out_bytes = walk.rows * 3 * p * p * self.dtype.itemsize
+        if out_bytes > self.max_output_bytes:
+            raise MaterializeError(
+                f"rank {self.rank}'s items of this batch need {walk.rows} patches "
+                f"({out_bytes} bytes of {self.dtype}), over `max_output_bytes` "
+                f"{self.max_output_bytes}"
+            )
         if self.backend == "cuda":
             return self._on_cuda(batch, index_map, walk, p)
         pixel_values = torch.empty((walk.rows, 3, p, p), dtype=self.dtype)
@@ -197,6 +213,20 @@ class Materializer:
             raise GridMismatch(
                 f"{where} produces grid {list(spec.plan.grid.thw)} but its envelope declared "
                 f"{list(env.grid.thw)}"
+            )
+        if (w, h) != (spec.plan.width, spec.plan.height):
+            raise GridMismatch(f"raw {where} is {w}x{h}, its plan is for another size")
+        try:
+            expected = expected_plan(spec)
+        except ValueError as e:
+            raise MaterializeError(f"raw {where}: {e}") from e
+        if spec.plan != expected:
+            raise GridMismatch(
+                f"raw {where}: its plan (resize to {spec.plan.new_width}x"
+                f"{spec.plan.new_height}, pad {spec.plan.pad_width}x{spec.plan.pad_height}, "
+                f"{spec.plan.tokens} tokens) is not the one a {w}x{h} image gets under its "
+                f"spec's limits ({expected.new_width}x{expected.new_height}, pad "
+                f"{expected.pad_width}x{expected.pad_height}, {expected.tokens} tokens)"
             )
         return spec
 

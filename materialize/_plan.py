@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from mmwire.transport import Background, Grid, PreprocessSpec, ResizePlan
 
-__all__ = ["K3_BACKGROUND", "ProcessorConfig", "plan_resize", "spec_for"]
+__all__ = ["K3_BACKGROUND", "ProcessorConfig", "expected_plan", "plan_resize", "spec_for"]
 
 K3_BACKGROUND = Background(pattern="chessboard", square=8, top_left_white=True, white=255, gray=180)
 """The K3 checkpoints' transparent background: chessboard, square 8, white 255, gray 180."""
@@ -92,7 +92,26 @@ class ProcessorConfig:
             background=self.background,
             patch_size=self.patch_size,
             merge_kernel=(self.merge_kernel_size, self.merge_kernel_size),
+            in_patch_limit=self.in_patch_limit,
+            patch_limit_on_one_side=self.patch_limit_on_one_side,
+            fixed_output_tokens=self.fixed_output_tokens,
         )
+
+
+def expected_plan(spec: PreprocessSpec) -> ResizePlan:
+    """The plan a ``plan.width x plan.height`` image gets under the spec's own limits."""
+    mh, mw = spec.merge_kernel
+    if mh != mw:
+        raise ValueError(f"a square merge kernel is needed to plan, got {[mh, mw]}")
+    return plan_resize(
+        spec.plan.width,
+        spec.plan.height,
+        patch_size=spec.patch_size,
+        merge_kernel_size=mh,
+        in_patch_limit=spec.in_patch_limit,
+        patch_limit_on_one_side=spec.patch_limit_on_one_side,
+        fixed_output_tokens=spec.fixed_output_tokens,
+    )
 
 
 _DEFAULT = ProcessorConfig()

@@ -301,10 +301,20 @@ class ResizePlan(msgspec.Struct, frozen=True, kw_only=True):
         return self.new_height + self.pad_height
 
 
+_MAX_PATCH = 64
+_MAX_MERGE = 8
+_MAX_ABS_MEAN = 1e3
+_STD_RANGE = (1e-6, 1e3)
+
+
 class PreprocessSpec(msgspec.Struct, frozen=True, kw_only=True):
     """Everything the owner needs to turn a raw item into model inputs.
 
     ``background`` ``None`` means alpha is dropped (K2.5); see :class:`Background` for K3.
+    ``in_patch_limit``, ``patch_limit_on_one_side`` and ``fixed_output_tokens`` are the
+    checkpoint's plan limits: the owner recomputes ``plan`` from the image's size and these,
+    and refuses a plan that differs, so an envelope cannot ask for more work than its
+    checkpoint allows.
     """
 
     plan: ResizePlan
@@ -313,18 +323,39 @@ class PreprocessSpec(msgspec.Struct, frozen=True, kw_only=True):
     background: Background | None = None
     patch_size: int = 14
     merge_kernel: tuple[int, int] = (2, 2)
+    in_patch_limit: int = 16384
+    patch_limit_on_one_side: int = 512
+    fixed_output_tokens: int | None = None
 
     def __post_init__(self) -> None:
-        if self.patch_size <= 0:
-            raise DimensionError(f"`preprocess.patch_size` must be positive, got {self.patch_size}")
-        if min(self.merge_kernel) <= 0:
+        if not 0 < self.patch_size <= _MAX_PATCH:
             raise DimensionError(
-                f"`preprocess.merge_kernel` must be positive, got {list(self.merge_kernel)}"
+                f"`preprocess.patch_size` must be in 1..{_MAX_PATCH}, got {self.patch_size}"
             )
-        for s in self.image_std:
-            if not s > 0:
+        if not all(0 < m <= _MAX_MERGE for m in self.merge_kernel):
+            raise DimensionError(
+                f"`preprocess.merge_kernel` must be in 1..{_MAX_MERGE}, "
+                f"got {list(self.merge_kernel)}"
+            )
+        for name, limit in (
+            ("in_patch_limit", self.in_patch_limit),
+            ("patch_limit_on_one_side", self.patch_limit_on_one_side),
+            ("fixed_output_tokens", self.fixed_output_tokens or 1),
+        ):
+            if limit <= 0:
+                raise DimensionError(f"`preprocess.{name}` must be positive, got {limit}")
+        for m in self.image_mean:
+            if not (math.isfinite(m) and abs(m) <= _MAX_ABS_MEAN):
                 raise MalformedEnvelope(
-                    f"`preprocess.image_std` must be > 0, got {list(self.image_std)}"
+                    f"`preprocess.image_mean` must be finite within ±{_MAX_ABS_MEAN:g}, "
+                    f"got {list(self.image_mean)}"
+                )
+        lo, hi = _STD_RANGE
+        for s in self.image_std:
+            if not (math.isfinite(s) and lo <= s <= hi):
+                raise MalformedEnvelope(
+                    f"`preprocess.image_std` must be in [{lo:g}, {hi:g}], "
+                    f"got {list(self.image_std)}"
                 )
         p = self.patch_size
         plan = self.plan
