@@ -167,3 +167,152 @@ def gpu_produce_then_hang(q: Any, kind: str) -> None:
     torch.cuda.synchronize()
     q.put(("published",))
     time.sleep(3600)
+
+
+def pattern(i: int, n: int = 4096) -> bytes:
+    """The payload of request ``i`` in the ordering tests: distinct per request."""
+    return hashlib.sha256(i.to_bytes(8, "little")).digest() * (n // 32)
+
+
+def stall_then_consume(
+    rank: int, endpoint: str, handover: str, n: int, stall: float, backlog: int, q: Any
+) -> None:
+    """Join, read nothing for ``stall`` s, then receive ``n`` batches; report what arrived."""
+    c = CpuConsumer(rank, endpoint, handover=handover, max_backlog=backlog)
+    q.put(("joined", rank))
+    with _reporting(c, q, rank):
+        time.sleep(stall)
+        got, bad = [], 0
+        for _ in range(n):
+            with c.recv(timeout=30) as b:
+                env = b.envelopes[GlobalIndex(0)]
+                i = int(env.request_id)
+                got.append(i)
+                bad += b.open(GlobalIndex(0)).tobytes() != pattern(i)
+        q.put(("received", rank, got, bad))
+        time.sleep(0.5)
+
+
+def stuck(rank: int, endpoint: str, handover: str, seconds: float, q: Any) -> None:
+    """Join with a tiny queue, read nothing for ``seconds``, then try to use a batch."""
+    c = CpuConsumer(rank, endpoint, handover=handover, max_backlog=2)
+    q.put(("joined", rank))
+    with _reporting(c, q, rank, reraise=False):
+        time.sleep(seconds)
+        while True:
+            b = c.recv(timeout=10)
+            for g in b.owned:
+                b.open(g)
+            b.release()
+
+
+def hold_rank(rank: int, endpoint: str, handover: str, q: Any) -> None:
+    """Join and wait to be stopped or killed."""
+    c = CpuConsumer(rank, endpoint, handover=handover)
+    q.put(("joined", rank, os.getpid()))
+    time.sleep(3600)
+    c.close()
+
+
+def hostile(endpoint: str, handover: str, seconds: float, seed: int, q: Any) -> None:
+    """For ``seconds``, send random and forged traffic to both of a producer's sockets.
+
+    Runs as the producer's uid (the strongest attacker the handover lets in): random bytes,
+    empty, half-written, silent and oversized handover connections, hellos for live and
+    absurd ranks; on the channel garbage, joins without sessions, joins naming random
+    tokens and forged releases of guessed and observed leases.
+    """
+    import random
+    import socket
+    import struct
+
+    import msgspec
+    import zmq
+    from mmwire.transport import CpuRef
+
+    rnd = random.Random(seed)
+    ctx = zmq.Context()
+    deadline = time.monotonic() + seconds
+    sent = forged = 0
+    silent: list[socket.socket] = []
+    spy = CpuConsumer(7, endpoint, handover=handover)  # a legitimate, free rank
+
+    def forge_from_spy() -> int:
+        """Release, from rank 7's own session, the leases it sees in other ranks' items."""
+        n = 0
+        while spy._sock.poll(0):
+            batch = spy.decode(spy._sock.recv_multipart())
+            for env in batch.envelopes.values():
+                if isinstance(env.payload, CpuRef):
+                    body = msgspec.msgpack.encode(
+                        {
+                            "type": "Release",
+                            "lease": env.payload.lease,
+                            "generation": env.payload.generation,
+                        }
+                    )
+                    spy._sock.send(body)
+                    spy._sock.send(body)
+                    n += 2
+        return n
+
+    def frame(obj: object) -> bytes:
+        body = msgspec.msgpack.encode(obj)
+        return struct.pack("<I", len(body)) + body
+
+    while time.monotonic() < deadline:
+        forged += forge_from_spy()
+        what = rnd.randrange(9)
+        try:
+            if what < 4:
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                s.settimeout(1.0)
+                s.connect(handover)
+                choice = rnd.randrange(6)
+                if choice == 0:
+                    s.sendall(rnd.randbytes(rnd.randrange(1, 300)))
+                elif choice == 1:
+                    s.sendall(struct.pack("<I", 1 << 30))  # an absurd length
+                elif choice == 2:
+                    s.sendall(frame({"type": "Hello", "rank": rnd.choice([0, 1]), "pid": 1}))
+                elif choice == 3:
+                    bad = rnd.choice([-1, 2**63, 2**64 - 1, "x"])
+                    s.sendall(frame({"type": "Hello", "rank": bad, "pid": 1}))
+                elif choice == 4 and len(silent) < 20:
+                    silent.append(s)  # say nothing, keep it open
+                    continue
+                s.close()
+            else:
+                d = ctx.socket(zmq.DEALER)
+                d.setsockopt(zmq.LINGER, 0)
+                d.connect(endpoint)
+                for _ in range(rnd.randrange(1, 20)):
+                    kind = rnd.randrange(5)
+                    if kind == 0:
+                        d.send(rnd.randbytes(rnd.randrange(0, 200)))
+                    elif kind == 1:
+                        d.send_multipart([rnd.randbytes(8), rnd.randbytes(8)])
+                    elif kind == 2:
+                        join = {"type": "Join", "rank": rnd.randrange(4), "shared": True}
+                        if rnd.random() < 0.5:
+                            join["session"] = rnd.randbytes(16)
+                        d.send(msgspec.msgpack.encode(join))
+                    else:
+                        lease = 4096 * rnd.randrange(1, 64)
+                        gen = rnd.randrange(1, 3000)
+                        d.send(
+                            msgspec.msgpack.encode(
+                                {"type": "Release", "lease": lease, "generation": gen}
+                            )
+                        )
+                    sent += 1
+                d.close(0)
+        except OSError:
+            pass
+        sent += 1
+    for s in silent:
+        s.close()
+    forged += forge_from_spy()
+    spy.close()
+    ctx.term()
+    q.put(("hostile-done", sent, forged))

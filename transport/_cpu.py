@@ -116,6 +116,10 @@ class CpuConsumer:
         device: the GPU on which this rank opens device-pool items (default: the current
             CUDA device, at the first such item; processes without GPU items never touch
             CUDA).
+        replace: take the rank over from a live process that holds it (that process's
+            leases are released first and it gets ``PeerGone``); without it a second
+            process for a live rank is refused (``HandoverRefused``).
+        max_backlog: batches this rank queues before the producer waits for it.
     """
 
     def __init__(
@@ -129,6 +133,7 @@ class CpuConsumer:
         curve: CurveKeys | None = None,
         device: str | torch.device | None = None,
         replace: bool = False,
+        max_backlog: int = 1000,
     ) -> None:
         self.rank = check_rank(rank)
         self.closed = True  # until every resource below exists
@@ -149,6 +154,7 @@ class CpuConsumer:
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.SNDHWM, 1 << 20)  # releases are tiny; never block on them
+        self._sock.setsockopt(zmq.RCVHWM, max_backlog)
         self._sock.setsockopt(zmq.ROUTING_ID, session or secrets.token_bytes(16))
         if curve_server_key is not None:
             keys = curve or CurveKeys.generate()

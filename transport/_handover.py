@@ -207,7 +207,7 @@ class HandoverServer:
             pid, uid, _ = peer_credentials(conn)
             if uid not in self._allowed:
                 why = f"uid {uid} is not in the allowed uids {sorted(self._allowed)}"
-                self._refuse(conn, why)
+                self._refuse(conn, why, "uid")
                 continue
             self._pending[conn] = _Pending(pid, time.monotonic() + self._hello_timeout)
 
@@ -227,7 +227,7 @@ class HandoverServer:
             return
         (n,) = struct.unpack_from("<I", state.buf)
         if n > _MAX_MESSAGE:
-            self._refuse(conn, f"a handover message of {n} bytes is over {_MAX_MESSAGE}")
+            self._refuse(conn, f"a handover message of {n} bytes is over {_MAX_MESSAGE}", "size")
             return
         if len(state.buf) < 4 + n:
             return
@@ -235,14 +235,14 @@ class HandoverServer:
         try:
             hello = _DEC.decode(state.buf[4 : 4 + n])
         except msgspec.MsgspecError as e:
-            self._refuse(conn, f"a malformed hello: {e}")
+            self._refuse(conn, f"a malformed hello: {e}", "malformed")
             return
         if not isinstance(hello, Hello):
             self._refuse(conn, "expected a Hello")
             return
         reply = self._admit(hello, state.pid)
         if isinstance(reply, Refusal):
-            self._refuse(conn, reply.reason)
+            self._refuse(conn, reply.reason, f"admit {hello.rank}")
             return
         conn.settimeout(1.0)  # a small message into an empty socket buffer
         try:
@@ -293,10 +293,10 @@ class HandoverServer:
         for c in gone:
             c.close()
 
-    def _refuse(self, conn: socket.socket, why: str) -> None:
+    def _refuse(self, conn: socket.socket, why: str, kind: str = "") -> None:
         self._pending.pop(conn, None)
         self.refused += 1
-        _log.warning("mmwire handover refused pid %s: %s", _pid_of(conn), why)
+        self._note(kind or why, f"handover refused pid {_pid_of(conn)}: {why}")
         with contextlib.suppress(OSError):
             conn.send(_frame(_ENC.encode(Refusal(reason=why))))
         conn.close()
