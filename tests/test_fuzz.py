@@ -1,4 +1,6 @@
-"""Random and mutated-valid bytes: the decoder yields a batch or an EnvelopeError, nothing else.
+"""Random and mutated-valid bytes: the decoder yields a batch or an EnvelopeError, nothing else;
+and the owner, given every batch that decodes, materialises it or raises an MmwireError,
+within a bounded time and output.
 
 CI runs a share; ``MMWIRE_FUZZ_EXAMPLES=100000`` runs the full 100k of each strategy
 (about 15, 10 and 3 minutes on 2 cores). Add ``-o faulthandler_timeout=0``: the watchdog's
@@ -8,16 +10,30 @@ traceback dump at 120 s is not async-safe and once crashed the interpreter mid-r
 from __future__ import annotations
 
 import os
+import time
 
 import msgspec
 import numpy as np
 from helpers import cpu_ref, processed_envelope, raw_envelope
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from mmwire.transport import BatchDecoder, EnvelopeError, encode_batch
+from mmwire.materialize import Materializer
+from mmwire.transport import (
+    BatchDecoder,
+    CpuConsumer,
+    EnvelopeError,
+    IndexMap,
+    MmwireError,
+    encode_batch,
+)
 
 EXAMPLES = int(os.environ.get("MMWIRE_FUZZ_EXAMPLES", "3000"))
 DECODER = BatchDecoder()
+# A real consumer's decode and open (inline frames need no producer; the socket stays idle).
+OWNER = CpuConsumer(0, "ipc:///nonexistent/mmwire-fuzz")
+MAX_OUT = 16 << 20
+MATERIALIZER = Materializer(0, max_output_bytes=MAX_OUT)
+MAX_SECONDS = 2.0
 
 _img = np.arange(5 * 7 * 3, dtype=np.uint8).reshape(5, 7, 3)
 _proc = processed_envelope(2, (1, 2, 2), frame=1)
@@ -42,13 +58,37 @@ def _decode(frames: list[bytes]) -> None:
     try:
         DECODER.decode(frames)
     except EnvelopeError:
+        return
+    _materialize(frames)
+
+
+def _materialize(frames: list[bytes]) -> None:
+    """Every batch that decodes goes to the owner: features or an MmwireError, bounded."""
+    batch = OWNER.decode(frames)
+    mine = [g for g, env in batch.envelopes.items() if 0 in env.consumers]
+    t0 = time.monotonic()
+    try:
+        out = MATERIALIZER.materialize(batch, IndexMap(0, mine))
+    except MmwireError:
         pass
+    else:
+        assert out.pixel_values.nbytes <= MAX_OUT
+    finally:
+        batch.release()
+    assert time.monotonic() - t0 < MAX_SECONDS
 
 
 @FUZZ
 @given(st.binary(max_size=512), st.lists(st.binary(max_size=64), max_size=3))
 def test_random_bytes(header: bytes, rest: list[bytes]) -> None:
     _decode([header, *rest])
+
+
+def test_the_valid_batch_materialises() -> None:
+    """The fuzz's seed batch is accepted whole, so the mutations start from a working case."""
+    batch = OWNER.decode(VALID)
+    out = MATERIALIZER.materialize(batch, IndexMap(0, [g for g in batch.envelopes.indices()][:1]))
+    assert out.pixel_values.shape[0] == batch.envelopes.values()[0].grid.patches
 
 
 @FUZZ
@@ -106,3 +146,7 @@ def test_structurally_mutated_fields(data: st.DataObject) -> None:
     )
     parent[key] = value  # type: ignore[index]
     _decode([msgspec.msgpack.encode(tree), *VALID[1:]])
+
+
+def teardown_module() -> None:
+    OWNER.close()

@@ -685,3 +685,86 @@ def test_two_honest_ranks_get_every_byte_while_a_hostile_peer_attacks() -> None:
         c0.close()
         c1.close()
         p.close()
+
+
+# -- the owner trusts nothing it can recompute -------------------------------------------------
+
+
+def _tree_frames(pixels: np.ndarray, change: Any) -> list[bytes]:  # type: ignore[type-arg]
+    """Frames of one raw inline item whose header tree ``change`` edits before encoding."""
+    from helpers import raw_envelope
+    from mmwire.transport import encode_batch
+
+    frames = encode_batch([raw_envelope(0, pixels)], [pixels.tobytes()])
+    tree = msgspec.msgpack.decode(frames[0])
+    change(tree["envelopes"][0])
+    return [msgspec.msgpack.encode(tree), frames[1]]
+
+
+def _owner_output(frames: list[bytes], **materializer: Any) -> Any:
+    from mmwire.materialize import Materializer
+    from mmwire.transport import IndexMap
+
+    owner = CpuConsumer(0, "ipc:///nonexistent/mmwire-owner")
+    try:
+        batch = owner.decode(frames)
+        return Materializer(0, **materializer).materialize(batch, IndexMap(0, [GlobalIndex(0)]))
+    finally:
+        owner.close()
+
+
+def test_an_owner_refuses_a_plan_the_image_would_not_get() -> None:
+    """A 1x1 image whose plan asks for a 13356x13356 canvas: refused before any work."""
+    from mmwire.transport import GridMismatch
+
+    def blow_up(env: dict) -> None:  # type: ignore[type-arg]
+        plan = env["preprocess"]["plan"]
+        side, p = 13356, 14
+        plan.update(new_width=side, new_height=side, pad_width=0, pad_height=0)
+        plan["grid"] = [[1, side // p, side // p]]  # Grid is array-like: [dims]
+        plan["tokens"] = (side // 28) ** 2
+        env["grid"] = plan["grid"]
+
+    frames = _tree_frames(np.zeros((1, 1, 3), np.uint8), blow_up)
+    t0 = time.monotonic()
+    with pytest.raises(GridMismatch, match="not the one a 1x1 image gets"):
+        _owner_output(frames)
+    assert time.monotonic() - t0 < 1.0
+
+
+def test_an_owner_refuses_inconsistent_tokens() -> None:
+    from mmwire.transport import GridMismatch
+
+    def tokens(env: dict) -> None:  # type: ignore[type-arg]
+        env["preprocess"]["plan"]["tokens"] = 999
+
+    with pytest.raises(GridMismatch, match="999 tokens"):
+        _owner_output(_tree_frames(np.zeros((30, 40, 3), np.uint8), tokens))
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("image_mean", [float("nan"), 0.5, 0.5]),
+        ("image_mean", [1e9, 0.5, 0.5]),
+        ("image_std", [0.5, float("inf"), 0.5]),
+        ("image_std", [0.5, 0.0, 0.5]),
+        ("patch_size", 10_000),
+        ("merge_kernel", [2, 100]),
+        ("in_patch_limit", 0),
+    ],
+)
+def test_the_decoder_refuses_absurd_preprocessing_values(field: str, value: Any) -> None:
+    def change(env: dict) -> None:  # type: ignore[type-arg]
+        env["preprocess"][field] = value
+
+    with pytest.raises(EnvelopeError, match=field):
+        _owner_output(_tree_frames(np.zeros((30, 40, 3), np.uint8), change))
+
+
+def test_an_owner_caps_a_batchs_output() -> None:
+    frames = _tree_frames(np.zeros((300, 400, 3), np.uint8), lambda env: None)
+    with pytest.raises(MaterializeError, match="over `max_output_bytes` 1000000"):
+        _owner_output(frames, max_output_bytes=1_000_000)
+    out = _owner_output(frames)
+    assert out.pixel_values.shape[0] == 22 * 30  # a 400x300 image on a 420x308 canvas
