@@ -29,8 +29,6 @@ from mmwire.transport import (
 
 EXAMPLES = int(os.environ.get("MMWIRE_FUZZ_EXAMPLES", "3000"))
 DECODER = BatchDecoder()
-# A real consumer's decode and open (inline frames need no producer; the socket stays idle).
-OWNER = CpuConsumer(0, "ipc:///nonexistent/mmwire-fuzz")
 MAX_OUT = 16 << 20
 MATERIALIZER = Materializer(0, max_output_bytes=MAX_OUT)
 MAX_SECONDS = 2.0
@@ -54,6 +52,19 @@ FUZZ = settings(
 )
 
 
+class _Owner:
+    """A real consumer's decode and open, made on first use (inline frames need no producer;
+    its socket stays idle) and closed with the module."""
+
+    consumer: CpuConsumer | None = None
+
+    @classmethod
+    def get(cls) -> CpuConsumer:
+        if cls.consumer is None:
+            cls.consumer = CpuConsumer(0, "ipc:///nonexistent/mmwire-fuzz")
+        return cls.consumer
+
+
 def _decode(frames: list[bytes]) -> None:
     try:
         DECODER.decode(frames)
@@ -64,7 +75,7 @@ def _decode(frames: list[bytes]) -> None:
 
 def _materialize(frames: list[bytes]) -> None:
     """Every batch that decodes goes to the owner: features or an MmwireError, bounded."""
-    batch = OWNER.decode(frames)
+    batch = _Owner.get().decode(frames)
     mine = [g for g, env in batch.envelopes.items() if 0 in env.consumers]
     t0 = time.monotonic()
     try:
@@ -86,7 +97,7 @@ def test_random_bytes(header: bytes, rest: list[bytes]) -> None:
 
 def test_the_valid_batch_materialises() -> None:
     """The fuzz's seed batch is accepted whole, so the mutations start from a working case."""
-    batch = OWNER.decode(VALID)
+    batch = _Owner.get().decode(VALID)
     out = MATERIALIZER.materialize(batch, IndexMap(0, [g for g in batch.envelopes.indices()][:1]))
     assert out.pixel_values.shape[0] == batch.envelopes.values()[0].grid.patches
 
@@ -149,4 +160,5 @@ def test_structurally_mutated_fields(data: st.DataObject) -> None:
 
 
 def teardown_module() -> None:
-    OWNER.close()
+    if _Owner.consumer is not None:
+        _Owner.consumer.close()

@@ -18,6 +18,7 @@ from mmwire.transport import (
     CpuProducer,
     CpuRef,
     CudaIpcRef,
+    CurveKeys,
     FabricRef,
     GlobalIndex,
     Grid,
@@ -230,7 +231,11 @@ def test_fabric_refused_takes_the_posix_fd_path_and_auto_says_why() -> None:
     finally:
         auto_local.close()
     auto_remote = CpuProducer(
-        "tcp://127.0.0.1:*", device_pool="auto", device="cuda", device_pool_size=4 << 20
+        "tcp://127.0.0.1:*",
+        curve=CurveKeys.generate(),
+        device_pool="auto",
+        device="cuda",
+        device_pool_size=4 << 20,
     )
     try:
         choice = auto_remote.backend_choice
