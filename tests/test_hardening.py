@@ -768,3 +768,47 @@ def test_an_owner_caps_a_batchs_output() -> None:
         _owner_output(frames, max_output_bytes=1_000_000)
     out = _owner_output(frames)
     assert out.pixel_values.shape[0] == 22 * 30  # a 400x300 image on a 420x308 canvas
+
+
+def test_a_process_that_takes_the_arena_but_never_joins_expires() -> None:
+    p = CpuProducer(arena_size=1 << 20, join_timeout=0.5)
+    try:
+        h = receive_arena(p.handover_path, 3)  # handed over, never joins the channel
+        h.conn.settimeout(10)
+        assert h.conn.recv(1) == b""  # the producer ended the session and closed it
+        os.close(h.fd)
+        h.conn.close()
+        c = CpuConsumer(3, p.endpoint, handover=p.handover_path)  # the rank is free again
+        try:
+            p.wait_for_consumers([3], 10)
+        finally:
+            c.close()
+        assert p.statistics().sessions_ended >= 1
+    finally:
+        p.close()
+
+
+def test_a_remote_rank_can_rejoin_once_its_old_connection_is_gone() -> None:
+    with pytest.warns(RuntimeWarning, match="without CURVE"):
+        p = CpuProducer("tcp://127.0.0.1:*", arena_size=1 << 20, allow_insecure_tcp=True)
+    first = CpuConsumer(1, p.endpoint)
+    try:
+        p.wait_for_consumers([1], 10)
+        second = CpuConsumer(1, p.endpoint)  # the first is still connected: refused
+        with pytest.raises(HandoverRefused, match="still connected"):
+            second.recv(5)
+        second.close()
+        first.close()  # a restart: the old connection goes away
+        time.sleep(0.3)
+        again = CpuConsumer(1, p.endpoint)
+        try:
+            _settle(p, lambda: p.statistics().sessions_ended >= 1)
+            p.wait_for_consumers([1], 10)
+            p.publish("x", [_item(np.full((4, 5, 3), 8, np.uint8), (1,))])
+            with again.recv(5) as b:
+                assert (b.open(GlobalIndex(0)) == 8).all()
+        finally:
+            again.close()
+    finally:
+        first.close()
+        p.close()

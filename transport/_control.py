@@ -149,8 +149,19 @@ class Sessions:
             self.end(live, f"replaced by pid {pid}")
         return self._new(rank, local=True, pid=pid, key=None)
 
-    def join(self, ident: bytes, msg: Join, key: bytes | None, remote_ok: bool) -> Session | str:
-        """Bind a routing id to a session (the channel's Join), or why not."""
+    def join(
+        self,
+        ident: bytes,
+        msg: Join,
+        key: bytes | None,
+        remote_ok: bool,
+        connected: Callable[[Session], bool],
+    ) -> Session | str:
+        """Bind a routing id to a session (the channel's Join), or why not.
+
+        ``connected(session)`` says whether a remote session's connection is still up; a
+        remote rank whose holder has disconnected can be joined again.
+        """
         if ident in self._by_ident:
             return f"routing id {ident.hex()} already joined as {self._by_ident[ident]}"
         if msg.session:
@@ -166,8 +177,12 @@ class Sessions:
             live = self._by_rank.get(msg.rank)
             if live is not None:
                 same_key = key is not None and live.key == key
-                if not (same_key or (msg.replace and key is None and not live.local)):
-                    return f"rank {msg.rank} is held by {live}"
+                asked = msg.replace and key is None and not live.local
+                if not (same_key or asked):
+                    if live.local or (live.key is not None and live.key != key):
+                        return f"rank {msg.rank} is held by {live}"
+                    if connected(live):
+                        return f"rank {msg.rank} is held by {live}, which is still connected"
                 self.end(live, "replaced by a new remote session")
             s = self._new(msg.rank, local=False, pid=None, key=key)
         s.ident = ident

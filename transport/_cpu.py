@@ -206,6 +206,8 @@ class CpuConsumer:
             frames = self._sock.recv_multipart(copy=False)
             if len(frames) == 2 and frames[0].bytes == NOTICE:
                 reason = bytes(frames[1].bytes[:1024]).decode("utf-8", "replace")
+                if reason == "ping":  # the producer checking that this connection is up
+                    continue
                 if reason.startswith("refused:"):
                     raise HandoverRefused(f"rank {self.rank}: the producer {reason}")
                 self._cut_off = reason

@@ -6,7 +6,7 @@ Control plane, one zmq ROUTER (producer) and one DEALER per consumer process::
 
     consumer -> producer   msgpack Join{rank, shared, session, replace}   once
     producer -> consumer   [header, inline frames...]                     one batch per request
-    producer -> consumer   [NOTICE, reason]                               a refused join, eviction
+    producer -> consumer   [NOTICE, reason]                               a refusal, an end, a ping
     consumer -> producer   msgpack Release{lease, generation}             once per lease
 
 Data plane: the arena (``_arena.py``), handed over once per consumer process by
@@ -240,6 +240,9 @@ class CpuProducer:
         self._sock.setsockopt(zmq.SNDHWM, max_backlog)
         self._sock.setsockopt(zmq.RCVHWM, 100_000)
         self._sock.setsockopt(zmq.MAXMSGSIZE, 1 << 12)  # control messages are tiny
+        # A peer that vanishes without closing (a remote host's crash) is dropped in 10 s.
+        self._sock.setsockopt(zmq.HEARTBEAT_IVL, 2000)
+        self._sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 10_000)
         if curve is not None:
             self._start_curve(curve, curve_clients)
         self._sock.bind(endpoint or f"ipc://{self._dir}/channel")
@@ -393,7 +396,7 @@ class CpuProducer:
         if self._curve:
             with contextlib.suppress(Exception):
                 key = body.get("User-Id").encode()
-        got = self._sessions.join(ident, msg, key, self._remote_ok)
+        got = self._sessions.join(ident, msg, key, self._remote_ok, self._connected)
         if isinstance(got, str):
             self._counts["joins"] += 1
             self._note("join", f"refused a join: {got}")
@@ -404,6 +407,18 @@ class CpuProducer:
             return
         _log.info("mmwire: %s joined the channel", got)
         self._activity.notify_all()
+
+    def _connected(self, s: Session) -> bool:
+        """Whether a session's channel connection is still up (a ping it ignores)."""
+        if s.ident is None:
+            return False
+        try:
+            self._sock.send_multipart([s.ident, NOTICE, b"ping"], flags=zmq.NOBLOCK)
+        except zmq.Again:
+            return True  # connected, its queue full
+        except zmq.ZMQError:
+            return False  # EHOSTUNREACH: no such peer any more
+        return True
 
     def _expire_leases(self, timeout: float) -> None:
         for lease in self.arena.overdue(timeout):
@@ -598,6 +613,7 @@ class CpuProducer:
         missed: list[Session] = []
         while waiting:
             self._activity.wait(pause)  # releases the lock while it waits
+            self._check_open()
             pause = min(pause * 2, 0.02)
             missed += [s for s, _, _ in waiting if s.gone]  # died while we waited
             waiting = [w for w in waiting if not w[0].gone and not self._try_send(*w, lease)]
