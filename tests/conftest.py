@@ -1,13 +1,15 @@
-"""Shared fixtures: distinct-size pixel arrays and the sample photos."""
+"""Shared fixtures: distinct-size pixel arrays, the sample photos, a producer with one rank."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from mmwire.transport import CpuConsumer, CpuProducer
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -28,6 +30,17 @@ def distinct_images(rng: np.random.Generator) -> list[np.ndarray[Any, Any]]:
         rng.integers(0, 256, size=s, dtype=np.uint8)
         for s in ((37, 53, 3), (61, 29, 3), (45, 45, 3))
     ]
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[CpuProducer, CpuConsumer]]:
+    """A producer with a 4 MiB arena and rank 0 joined (same process)."""
+    p = CpuProducer(arena_size=1 << 22)
+    c = CpuConsumer(0, p.endpoint, handover=p.handover_path)
+    p.wait_for_consumers([0], 10)
+    yield p, c
+    c.close()
+    p.close()
 
 
 def photo_path(name: str) -> Path:

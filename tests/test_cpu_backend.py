@@ -8,7 +8,6 @@ import multiprocessing as mp
 import os
 import signal
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import msgspec
@@ -69,16 +68,6 @@ def _settle(p: CpuProducer, cond: Any, timeout: float = 20) -> None:
     deadline = time.monotonic() + timeout
     while not cond() and time.monotonic() < deadline:
         p.poll(0.05)
-
-
-@pytest.fixture
-def pair() -> Iterator[tuple[CpuProducer, CpuConsumer]]:
-    p = CpuProducer(arena_size=1 << 22)
-    c = CpuConsumer(0, p.endpoint, handover=p.handover_path)
-    p.wait_for_consumers([0], 10)
-    yield p, c
-    c.close()
-    p.close()
 
 
 def test_four_ranks_read_their_items_byte_exact(rng: np.random.Generator) -> None:

@@ -16,7 +16,6 @@ import struct
 import threading
 import time
 import zlib
-from collections.abc import Iterator
 from typing import Any
 
 import msgspec
@@ -68,16 +67,6 @@ def _fd_targets() -> list[str]:
         except OSError:
             pass
     return sorted(out)
-
-
-@pytest.fixture
-def pair() -> Iterator[tuple[CpuProducer, CpuConsumer]]:
-    p = CpuProducer(arena_size=1 << 22)
-    c = CpuConsumer(0, p.endpoint, handover=p.handover_path)
-    p.wait_for_consumers([0], 10)
-    yield p, c
-    c.close()
-    p.close()
 
 
 # -- no silent loss -----------------------------------------------------------------------

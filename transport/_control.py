@@ -32,7 +32,7 @@ import zmq
 
 from ._handover import MAX_RANKS
 
-__all__ = ["CurveKeys", "Join", "Release", "Session", "Sessions", "decode_control"]
+__all__ = ["NOTICE", "CurveKeys", "Join", "Release", "Session", "Sessions", "decode_control"]
 
 _log = logging.getLogger("mmwire.transport")
 
@@ -54,6 +54,9 @@ class Release(msgspec.Struct, frozen=True, tag=True):
     lease: Annotated[int, _U63]
     generation: Annotated[int, _U63]
 
+
+NOTICE = b"\x00mmwire-notice"
+"""First frame of a producer -> consumer notice: ``[NOTICE, reason]`` (never a batch header)."""
 
 _DECODER = msgspec.msgpack.Decoder(Join | Release)
 ENCODER = msgspec.msgpack.Encoder()

@@ -50,7 +50,7 @@ import zmq
 
 from ._arena import ARENA_HEADER, LEASE_HEADER, LEASE_MAGIC, read_lease_header
 from ._codec import BatchDecoder, Limits
-from ._control import ENCODER, CurveKeys, Join, Release
+from ._control import ENCODER, NOTICE, CurveKeys, Join, Release
 from ._errors import (
     BackendUnavailable,
     ClosedResourceError,
@@ -63,7 +63,6 @@ from ._errors import (
 from ._gpu import ConsumerDevice
 from ._handover import check_rank, receive_arena
 from ._index import GlobalIndex, GlobalTable
-from ._producer import NOTICE
 from ._schema import CpuRef, CudaIpcRef, FabricRef, FeatureEnvelope, InlineRef
 from ._views import _TORCH as _TORCH_DTYPES
 from ._views import numpy_view, torch_view

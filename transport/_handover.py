@@ -392,7 +392,10 @@ def receive_arena(
     fds: list[int] = []
     try:
         conn.connect(path)
-        conn.sendall(_frame(_ENC.encode(Hello(rank=rank, pid=os.getpid(), replace=replace))))
+        try:
+            conn.sendall(_frame(_ENC.encode(Hello(rank=rank, pid=os.getpid(), replace=replace))))
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused before our hello was read: its Refusal is waiting to be received
         # The fds ride on the first segment: receive them with the ancillary data, whole.
         first, fds, _, _ = socket.recv_fds(conn, _MAX_MESSAGE + 4, 2)
         if not first:

@@ -63,7 +63,7 @@ import zmq
 
 from ._arena import ARENA_HEADER, LEASE_HEADER, Arena, ArenaStatistics, Lease
 from ._codec import Limits, encode_batch
-from ._control import CurveKeys, Join, Session, Sessions, decode_control
+from ._control import NOTICE, CurveKeys, Join, Session, Sessions, decode_control
 from ._errors import (
     ArenaFull,
     ClosedResourceError,
@@ -76,12 +76,9 @@ from ._items import Item, PreparedItem, check_request, envelope, prepare, valida
 from ._schema import CpuRef, CudaIpcRef, FabricRef, FeatureEnvelope, InlineRef
 from ._select import BackendChoice
 
-__all__ = ["NOTICE", "CpuProducer", "ProducerStatistics"]
+__all__ = ["CpuProducer", "ProducerStatistics"]
 
 _log = logging.getLogger("mmwire.transport")
-
-NOTICE = b"\x00mmwire-notice"
-"""First frame of a producer -> consumer notice (never a valid batch header)."""
 
 _TICK = 0.05  # the control thread's longest sleep: the bound on a missed wake-up
 
@@ -678,7 +675,8 @@ class CpuProducer:
         inline = [
             msgspec.structs.replace(e, payload=InlineRef(frame=k)) for k, e in enumerate(envs)
         ]
-        frames = encode_batch(inline, [p.array for p in prepared])
+        # Copies: the caller may reuse its arrays as soon as publish returns.
+        frames = encode_batch(inline, [p.array.tobytes() for p in prepared if p.array is not None])
         owners = {r for p in prepared for r in p.item.consumers}
         with self._lock:
             evicted = self._deliver(inline, None, frames)
