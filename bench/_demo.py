@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import zmq
 from mmwire.materialize import ProcessorConfig, assign_owners, owners_of, preprocess_images
-from mmwire.transport import CpuProducer, Grid, Item
+from mmwire.transport import Grid, Item, Producer
 from PIL import Image
 from rich.console import Console
 from rich.table import Table
@@ -47,7 +47,7 @@ def run_demo(ranks: int = 2, out_dir: Path | None = None, console: Console | Non
     console = console or Console()
     cfg = ProcessorConfig()
     requests = _images()
-    producer = CpuProducer(arena_size=256 << 20)
+    producer = Producer(arena_size=256 << 20)
     mm = Ranks(
         _workers.mmwire_rank,
         ranks,

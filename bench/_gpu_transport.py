@@ -42,9 +42,9 @@ def _consumer(method: str, endpoint: str, handover: str, n: int, tq: Any, out: A
             out.put(("ready", time.monotonic(), int(t.numel())))
             del t
         return
-    from mmwire.transport import CpuConsumer, GlobalIndex
+    from mmwire.transport import Consumer, GlobalIndex
 
-    c = CpuConsumer(0, endpoint, handover=handover, device="cuda")
+    c = Consumer(0, endpoint, handover=handover, device="cuda")
     if method == "cpu":
         c.register_with_cuda()
     out.put(("joined",))
@@ -64,7 +64,7 @@ def _consumer(method: str, endpoint: str, handover: str, n: int, tq: Any, out: A
 
 
 def _run_method(method: str, size: int, reps: int) -> list[float]:
-    from mmwire.transport import CpuProducer, Grid, Item
+    from mmwire.transport import Grid, Item, Producer
 
     src = torch.randint(0, 256, (size,), dtype=torch.uint8, device="cuda")
     out: Any = SPAWN.Queue()
@@ -77,7 +77,7 @@ def _run_method(method: str, size: int, reps: int) -> list[float]:
         endpoint = handover = ""
     else:
         pool = "none" if method == "cpu" else method
-        producer = CpuProducer(
+        producer = Producer(
             device_pool=pool,  # type: ignore[arg-type]
             device="cuda",
             device_pool_size=max(2 * size, 64 << 20),

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from mmwire.transport import CpuConsumer, CpuProducer, GlobalIndex, Grid, Item
+from mmwire.transport import Consumer, GlobalIndex, Grid, Item, Producer
 from rich.console import Console
 from rich.table import Table
 
@@ -45,8 +45,8 @@ def run_h2d(
     if not torch.cuda.is_available():
         raise SystemExit("mmwire-bench h2d needs a CUDA device")
     sizes = sizes or [1 << 20, 16 << 20, 256 << 20]
-    producer = CpuProducer(arena_size=2 * max(sizes) + (64 << 20))
-    consumer = CpuConsumer(0, producer.endpoint, handover=producer.handover_path)
+    producer = Producer(arena_size=2 * max(sizes) + (64 << 20))
+    consumer = Consumer(0, producer.endpoint, handover=producer.handover_path)
     producer.wait_for_consumers([0])
     rows: list[dict[str, Any]] = []
     t_register = float("nan")

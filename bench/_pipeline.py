@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 from mmwire.materialize import ProcessorConfig, assign_owners, preprocess_images
-from mmwire.transport import CpuProducer, Grid, Item
+from mmwire.transport import Grid, Item, Producer
 from PIL import Image
 from rich.console import Console
 from rich.progress import Progress
@@ -55,7 +55,7 @@ def _run(
     requests: list[list[np.ndarray[Any, Any]]],
     rate: float,
     ranks: Ranks,
-    producer: CpuProducer,
+    producer: Producer,
     n_ranks: int,
     cfg: ProcessorConfig,
     seed: int,
@@ -138,7 +138,7 @@ def run_pipeline(
     service = (time.perf_counter() - t0) / len(reqs)
     capacity = 1.0 / service
     rows: list[dict[str, Any]] = []
-    producer = CpuProducer(arena_size=2 << 30, full_timeout=60)
+    producer = Producer(arena_size=2 << 30, full_timeout=60)
     try:
         with Progress(console=console, transient=True) as progress:
             task = progress.add_task("pipeline", total=2 * len(rates))
@@ -258,7 +258,7 @@ def run_pipeline(
     return folder
 
 
-def _drop_ranks(producer: CpuProducer, ranks: int) -> None:
+def _drop_ranks(producer: Producer, ranks: int) -> None:
     """Let the producer see the ranks' handover connections close before the next mode."""
     deadline = time.monotonic() + 30
     while producer.statistics().consumers and time.monotonic() < deadline:

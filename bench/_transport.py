@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import torch.multiprocessing as tmp
 import zmq
-from mmwire.transport import CpuProducer, Grid, Item
+from mmwire.transport import Grid, Item, Producer
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -72,7 +72,7 @@ class _Mmwire(_Method):
 
     def __init__(self, n: int, max_bytes: int) -> None:
         super().__init__(n)
-        self.p = CpuProducer(arena_size=max(64 << 20, 3 * max_bytes + (16 << 20)), full_timeout=30)
+        self.p = Producer(arena_size=max(64 << 20, 3 * max_bytes + (16 << 20)), full_timeout=30)
         self.ranks = Ranks(
             _workers.mmwire_rank, n, lambda r: (n, self.p.endpoint, self.p.handover_path, False)
         )

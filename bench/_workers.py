@@ -73,10 +73,10 @@ def _mmwire_session(
 ) -> Iterator[tuple[zmq.Socket[Any], Any]]:
     """A mmwire rank's reporter and consumer; the producer going away ends the session, and
     both are closed however it ends."""
-    from mmwire.transport import CpuConsumer, PeerGone
+    from mmwire.transport import Consumer, PeerGone
 
     ctx, out = _reporter(report)
-    consumer = CpuConsumer(rank, endpoint, handover=handover)
+    consumer = Consumer(rank, endpoint, handover=handover)
     try:
         yield out, consumer
     except PeerGone:

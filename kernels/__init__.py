@@ -22,6 +22,7 @@ from ._ops import preprocess as preprocess
 from ._ops import preprocess_packed as preprocess_packed
 from ._ops import resize as resize
 from ._ops import resize_packed as resize_packed
+from ._ops import to_device as to_device
 
 __all__ = [
     "FIELDS",
@@ -37,4 +38,5 @@ __all__ = [
     "preprocess_packed",
     "resize",
     "resize_packed",
+    "to_device",
 ]

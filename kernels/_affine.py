@@ -2,7 +2,7 @@
 an affine form proved equal to it.
 
 The CPU path rounds ``(v/255 - mean) / std``, worked out in float64, once to the output
-dtype (``materialize._pipeline._table``). The kernels copy those bit patterns from a table
+dtype (``reference.shared_normalise_table``). The kernels copy those bit patterns from a table
 in shared memory. For bf16 and fp16 they can instead compute ``fma(v, a, b)`` in fp32 and
 round it once to the 16-bit type, which takes fewer instructions and no shared loads; but
 that is only the same bytes if it is for every ``v``. So the host tries it on all 768 bytes
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from mmwire.materialize._pipeline import _table
+from mmwire.kernels.reference import shared_normalise_table
 
 from ._descriptors import NORM_HEADER, NORM_STRIDE, NORM_VALUES
 
@@ -110,7 +110,7 @@ def _header(
     words = np.zeros(8, np.uint32)
     if dtype not in _MODES:
         return words
-    table = _table(mean, std, dtype).view(torch.int16).numpy()
+    table = shared_normalise_table(mean, std, dtype).view(torch.int16).numpy()
     forms = [affine_form(mean[c], std[c], table[c], dtype) for c in range(3)]
     found = [f for f in forms if f is not None]
     # a 2^133 is exact where finite (a power of two times a normal fp32); past 2^128 (a of
@@ -136,7 +136,7 @@ def table_rows(
     storage = torch.int32 if dtype == torch.float32 else torch.int16
     rows = []
     for mean, std in stats:
-        values = _table(mean, std, dtype).view(storage).reshape(-1)
+        values = shared_normalise_table(mean, std, dtype).view(storage).reshape(-1)
         words = _header(mean, std, dtype) if affine else np.zeros(8, np.uint32)
         header = torch.zeros(NORM_HEADER, dtype=storage)
         header.view(torch.uint8)[: words.nbytes] = torch.from_numpy(words.view(np.uint8))

@@ -12,8 +12,9 @@ from functools import lru_cache
 from typing import Any, Literal
 
 import numpy as np
-from mmwire.materialize import bicubic_coefficients, pass_order
 from mmwire.transport import Background
+
+from .reference import bicubic_coefficients, pass_order
 
 __all__ = [
     "FIELDS",

@@ -2,16 +2,19 @@
 
 General layout: ``_plan`` (the resize plan and spec), ``_grids`` (grid/token arithmetic),
 ``_placeholders``, ``_defer`` (the producer's gate), ``_assign`` (vision-DP owners),
-``_bicubic`` (Pillow's BICUBIC tables and an exact numpy reference), ``_pipeline`` (the
-exact CPU pixel pipeline), ``_materializer`` (the owner rank's entry point).
+``_pipeline`` (the exact CPU pixel pipeline), ``_backend`` (CPU or CUDA),
+``_materializer`` (the owner rank's entry point). Pillow's BICUBIC tables and the normalise
+table live in ``mmwire.kernels.reference``, which the CUDA kernels share; they are
+re-exported here.
 """
+
+from mmwire.kernels.reference import Coefficients as Coefficients
+from mmwire.kernels.reference import bicubic_coefficients as bicubic_coefficients
+from mmwire.kernels.reference import pass_order as pass_order
+from mmwire.kernels.reference import resize_reference as resize_reference
 
 from ._assign import assign_owners as assign_owners
 from ._assign import owners_of as owners_of
-from ._bicubic import Coefficients as Coefficients
-from ._bicubic import bicubic_coefficients as bicubic_coefficients
-from ._bicubic import pass_order as pass_order
-from ._bicubic import resize_reference as resize_reference
 from ._defer import should_defer as should_defer
 from ._grids import patches_per_item as patches_per_item
 from ._grids import split_by_tokens as split_by_tokens

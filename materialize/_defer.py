@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from mmwire.transport._pixels import keeps_alpha
+from mmwire.transport import keeps_alpha
 from PIL import Image
 
 from ._plan import plan_resize

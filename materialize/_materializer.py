@@ -20,6 +20,7 @@ from mmwire.transport import (
     to_pixels,
 )
 
+from ._backend import resolve_backend
 from ._pipeline import produce
 from ._plan import expected_plan
 
@@ -169,8 +170,7 @@ class Materializer:
         (the payload views may then be released); the kernels run on the current torch
         stream, which orders any later use of the outputs after them.
         """
-        from mmwire.kernels import preprocess_packed
-        from mmwire.kernels._ops import to_device
+        from mmwire.kernels import preprocess_packed, to_device
 
         views = [batch.open_tensor(g) for g, _, _, _, _ in walk.raw]
         pixel_values = torch.empty((walk.rows, 3, p, p), dtype=self.dtype, device=self.device)
@@ -264,27 +264,6 @@ class _Walk:
         for local, row, n in self.spans:
             self.features[local] = pixel_values[row : row + n]
         return MaterializedBatch(pixel_values, grid_thw, self.features, index_map)
-
-
-def resolve_backend(
-    backend: Literal["auto", "cpu", "cuda"], device: torch.device
-) -> Literal["cpu", "cuda"]:
-    """The backend ``"auto"`` stands for on ``device``; refuses ``"cuda"`` off a CUDA device."""
-    if backend == "cpu":
-        return "cpu"
-    if backend == "cuda":
-        if device.type != "cuda":
-            raise ValueError(f"backend 'cuda' needs a CUDA device, got {device}")
-        return "cuda"
-    if backend != "auto":
-        raise ValueError(f"backend must be 'auto', 'cpu' or 'cuda', got {backend!r}")
-    if device.type != "cuda":
-        return "cpu"
-    try:
-        import cupy  # noqa: F401
-    except ImportError:
-        return "cpu"
-    return "cuda"
 
 
 def _processed(batch: PayloadSource, g: GlobalIndex, where: str, p: int) -> torch.Tensor:

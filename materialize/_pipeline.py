@@ -15,14 +15,15 @@ CUDA kernels reproduce it without FMA contraction)::
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import lru_cache
 from typing import Any, Literal
 
 import numpy as np
 import torch
+from mmwire.kernels.reference import shared_normalise_table
 from mmwire.transport import Background, Grid, MaterializeError, PreprocessSpec, to_pixels
 from PIL import Image
 
+from ._backend import resolve_backend
 from ._plan import ProcessorConfig
 
 __all__ = ["normalise_table", "preprocess_images"]
@@ -33,16 +34,7 @@ def normalise_table(spec: PreprocessSpec, dtype: torch.dtype) -> torch.Tensor:
 
     Returns a fresh tensor; the pipeline itself reuses a cached one per (mean, std, dtype).
     """
-    return _table(spec.image_mean, spec.image_std, dtype).clone()
-
-
-@lru_cache(maxsize=64)
-def _table(
-    mean: tuple[float, float, float], std: tuple[float, float, float], dtype: torch.dtype
-) -> torch.Tensor:
-    v = np.arange(256, dtype=np.float64)
-    table64 = np.stack([(v / 255.0 - mean[c]) / std[c] for c in range(3)])
-    return torch.from_numpy(table64).to(dtype)
+    return shared_normalise_table(spec.image_mean, spec.image_std, dtype).clone()
 
 
 def _resize(pixels: np.ndarray[Any, Any], new_w: int, new_h: int) -> np.ndarray[Any, Any]:
@@ -109,7 +101,9 @@ def produce(pixels: np.ndarray[Any, Any], spec: PreprocessSpec, out: torch.Tenso
     grid = Grid((1, canvas.shape[1] // p, canvas.shape[2] // p))
     if out.shape[0] != grid.patches:
         raise MaterializeError(f"output has {out.shape[0]} rows, the image needs {grid.patches}")
-    patchify_into(out, canvas, spec, _table(spec.image_mean, spec.image_std, out.dtype))
+    patchify_into(
+        out, canvas, spec, shared_normalise_table(spec.image_mean, spec.image_std, out.dtype)
+    )
     return grid
 
 
@@ -130,7 +124,6 @@ def preprocess_images(
     the uint8 pixels once and runs ``mmwire.kernels``; ``"cpu"`` computes here and uploads
     the result. Both give the same bytes.
     """
-    from ._materializer import resolve_backend
 
     cfg = config or ProcessorConfig()
     pixels = [to_pixels(im, max_pixels=cfg.max_pixels) for im in images]

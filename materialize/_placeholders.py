@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from mmwire.transport._errors import MaterializeError
+from mmwire.transport import MaterializeError
 
 __all__ = ["expand_placeholders", "k3_media_prompt"]
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from mmwire.transport import CpuConsumer, CpuProducer
+from mmwire.transport import Consumer, Producer
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -33,10 +33,10 @@ def distinct_images(rng: np.random.Generator) -> list[np.ndarray[Any, Any]]:
 
 
 @pytest.fixture
-def pair() -> Iterator[tuple[CpuProducer, CpuConsumer]]:
+def pair() -> Iterator[tuple[Producer, Consumer]]:
     """A producer with a 4 MiB arena and rank 0 joined (same process)."""
-    p = CpuProducer(arena_size=1 << 22)
-    c = CpuConsumer(0, p.endpoint, handover=p.handover_path)
+    p = Producer(arena_size=1 << 22)
+    c = Consumer(0, p.endpoint, handover=p.handover_path)
     p.wait_for_consumers([0], 10)
     yield p, c
     c.close()

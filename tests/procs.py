@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from mmwire.transport import CpuConsumer, GlobalIndex, PeerGone
+from mmwire.transport import Consumer, GlobalIndex, PeerGone
 
 
 def arena_rss_kib() -> int:
@@ -25,8 +25,8 @@ def arena_rss_kib() -> int:
 
 
 @contextmanager
-def _reporting(c: CpuConsumer, q: Any, rank: int, *, reraise: bool = True) -> Iterator[None]:
-    """Report how a consumer's session ended ("peer-gone" or "error", so the test can show
+def _reporting(c: Consumer, q: Any, rank: int, *, reraise: bool = True) -> Iterator[None]:
+    """Report how a consumer's member ended ("peer-gone" or "error", so the test can show
     it; an error is raised again unless ``reraise`` is off) and close the consumer."""
     try:
         yield
@@ -44,7 +44,7 @@ def consume(
     rank: int, endpoint: str, handover: str | None, n_batches: int, q: Any, hold: bool = False
 ) -> None:
     """Receive batches; report sha256 of owned payloads, counters and arena RSS."""
-    c = CpuConsumer(rank, endpoint, handover=handover)
+    c = Consumer(rank, endpoint, handover=handover)
     q.put(("joined", rank))
     with _reporting(c, q, rank):
         for _ in range(n_batches):
@@ -61,7 +61,7 @@ def consume(
 
 def wait_then_recv(rank: int, endpoint: str, handover: str, q: Any) -> None:
     """Join, then wait for a batch that never comes: reports PeerGone when the producer dies."""
-    c = CpuConsumer(rank, endpoint, handover=handover)
+    c = Consumer(rank, endpoint, handover=handover)
     q.put(("joined", rank))
     with _reporting(c, q, rank, reraise=False):
         c.recv(timeout=60)
@@ -83,9 +83,9 @@ def intruder(handover: str, q: Any) -> None:
 
 def producer_then_die(q: Any) -> None:
     """A producer that reports its endpoints and then waits to be killed."""
-    from mmwire.transport import CpuProducer
+    from mmwire.transport import Producer
 
-    p = CpuProducer(arena_size=1 << 22)
+    p = Producer(arena_size=1 << 22)
     q.put((p.endpoint, p.handover_path))
     time.sleep(3600)
 
@@ -99,7 +99,7 @@ def materialize_rank(
     """A scheduler rank: receive one batch, materialise its own items, report the bytes."""
     from mmwire.materialize import Materializer, assign_owners
 
-    c = CpuConsumer(rank, endpoint, handover=handover)
+    c = Consumer(rank, endpoint, handover=handover)
     try:
         with c.recv(timeout=60) as b:
             counts = [b.envelopes[g].grid.patches for g in b.envelopes.indices()]
@@ -132,7 +132,7 @@ def gpu_consume(
     stream, then copied out), or hold the first batch until killed."""
     import torch
 
-    c = CpuConsumer(rank, endpoint, handover=handover, device=device)
+    c = Consumer(rank, endpoint, handover=handover, device=device)
     q.put(("joined", rank))
     with _reporting(c, q, rank):
         for i in range(n_batches):
@@ -156,9 +156,9 @@ def gpu_consume(
 def gpu_produce_then_hang(q: Any, kind: str) -> None:
     """A producer with a device pool that publishes one item to rank 0, then waits to be killed."""
     import torch
-    from mmwire.transport import CpuProducer, Grid, Item
+    from mmwire.transport import Grid, Item, Producer
 
-    p = CpuProducer(device_pool=kind, device="cuda", device_pool_size=8 << 20)  # type: ignore[arg-type]
+    p = Producer(device_pool=kind, device="cuda", device_pool_size=8 << 20)  # type: ignore[arg-type]
     q.put(("ready", p.endpoint, p.handover_path))
     p.wait_for_consumers([0], timeout=60)
     data = torch.arange(1 << 16, dtype=torch.int32, device="cuda")
@@ -178,7 +178,7 @@ def stall_then_consume(
     rank: int, endpoint: str, handover: str, n: int, stall: float, backlog: int, q: Any
 ) -> None:
     """Join, read nothing for ``stall`` s, then receive ``n`` batches; report what arrived."""
-    c = CpuConsumer(rank, endpoint, handover=handover, max_backlog=backlog)
+    c = Consumer(rank, endpoint, handover=handover, max_backlog=backlog)
     q.put(("joined", rank))
     with _reporting(c, q, rank):
         time.sleep(stall)
@@ -195,7 +195,7 @@ def stall_then_consume(
 
 def stuck(rank: int, endpoint: str, handover: str, seconds: float, q: Any) -> None:
     """Join with a tiny queue, read nothing for ``seconds``, then try to use a batch."""
-    c = CpuConsumer(rank, endpoint, handover=handover, max_backlog=2)
+    c = Consumer(rank, endpoint, handover=handover, max_backlog=2)
     q.put(("joined", rank))
     with _reporting(c, q, rank, reraise=False):
         time.sleep(seconds)
@@ -208,7 +208,7 @@ def stuck(rank: int, endpoint: str, handover: str, seconds: float, q: Any) -> No
 
 def hold_rank(rank: int, endpoint: str, handover: str, q: Any) -> None:
     """Join and wait to be stopped or killed."""
-    c = CpuConsumer(rank, endpoint, handover=handover)
+    c = Consumer(rank, endpoint, handover=handover)
     q.put(("joined", rank, os.getpid()))
     time.sleep(3600)
     c.close()
@@ -219,7 +219,7 @@ def hostile(endpoint: str, handover: str, seconds: float, seed: int, q: Any) -> 
 
     Runs as the producer's uid (the strongest attacker the handover lets in): random bytes,
     empty, half-written, silent and oversized handover connections, hellos for live and
-    absurd ranks; on the channel garbage, joins without sessions, joins naming random
+    absurd ranks; on the channel garbage, joins without members, joins naming random
     tokens and forged releases of guessed and observed leases.
     """
     import random
@@ -235,10 +235,10 @@ def hostile(endpoint: str, handover: str, seconds: float, seed: int, q: Any) -> 
     deadline = time.monotonic() + seconds
     sent = forged = 0
     silent: list[socket.socket] = []
-    spy = CpuConsumer(7, endpoint, handover=handover)  # a legitimate, free rank
+    spy = Consumer(7, endpoint, handover=handover)  # a legitimate, free rank
 
     def forge_from_spy() -> int:
-        """Release, from rank 7's own session, the leases it sees in other ranks' items."""
+        """Release, from rank 7's own member, the leases it sees in other ranks' items."""
         n = 0
         while spy._sock.poll(0):
             batch = spy.decode(spy._sock.recv_multipart())
@@ -295,7 +295,7 @@ def hostile(endpoint: str, handover: str, seconds: float, seed: int, q: Any) -> 
                     elif kind == 2:
                         join = {"type": "Join", "rank": rnd.randrange(4), "shared": True}
                         if rnd.random() < 0.5:
-                            join["session"] = rnd.randbytes(16)
+                            join["member"] = rnd.randbytes(16)
                         d.send(msgspec.msgpack.encode(join))
                     else:
                         lease = 4096 * rnd.randrange(1, 64)

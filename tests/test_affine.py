@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from mmwire.kernels._affine import BYTE_SCALE, NORM_STRIDE, NORM_VALUES, affine_form, table_rows
-from mmwire.materialize._pipeline import _table
+from mmwire.kernels.reference import shared_normalise_table
 
 KIMI = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
 CLIP = ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711))
@@ -51,7 +51,7 @@ def test_a_claimed_affine_form_gives_every_byte_of_the_table(
     assert rows.shape == (1, NORM_STRIDE)
     words = _header(rows)
     assert words[0] == {torch.bfloat16: 1, torch.float16: 2}[dtype]  # claimed, so checked
-    table = _table(*stats, dtype).view(torch.int16)
+    table = shared_normalise_table(*stats, dtype).view(torch.int16)
     assert torch.equal(rows[0, :NORM_VALUES].view(3, 256), table)
     for c in range(3):
         # the kernel's operands: the byte as v 2^-133 and the header's a (the form's 2^133)
@@ -73,7 +73,7 @@ def test_a_form_is_refused_where_a_value_leaves_the_types_range() -> None:
     # bf16 still has the range
     mean, std = 0.5, 1e-6
     for dtype, fits in ((torch.float16, False), (torch.bfloat16, True)):
-        table = _table((mean,) * 3, (std,) * 3, dtype).view(torch.int16).numpy()[0]
+        table = shared_normalise_table((mean,) * 3, (std,) * 3, dtype).view(torch.int16).numpy()[0]
         assert (affine_form(mean, std, table, dtype) is not None) == fits
 
 
@@ -82,7 +82,7 @@ def test_a_form_whose_scaled_a_is_past_fp32_keeps_the_table() -> None:
     # byte (v 2^-133) cannot carry it; std 0.13 (a = 0.030) still can
     for std, claimed in ((0.1, False), (0.13, True)):
         stats = ((0.5,) * 3, (std,) * 3)
-        table = _table(*stats, torch.bfloat16).view(torch.int16).numpy()[0]
+        table = shared_normalise_table(*stats, torch.bfloat16).view(torch.int16).numpy()[0]
         assert affine_form(0.5, std, table, torch.bfloat16) is not None
         assert (_header(table_rows((stats,), torch.bfloat16))[0] == 1) == claimed
 
@@ -91,13 +91,15 @@ def test_a_form_is_refused_where_an_operand_would_be_flushed_to_zero() -> None:
     # std 1e37: a = 1/(255 std) is an fp32 subnormal, which the GPU's FTZ build reads as 0
     # (the kernel's FMA would keep it, but a claim stays clear of subnormals)
     mean, std = 0.0, 1e37
-    table = _table((mean,) * 3, (std,) * 3, torch.bfloat16).view(torch.int16).numpy()[0]
+    table = (
+        shared_normalise_table((mean,) * 3, (std,) * 3, torch.bfloat16).view(torch.int16).numpy()[0]
+    )
     assert affine_form(mean, std, table, torch.bfloat16) is None
 
 
 def test_a_form_is_refused_where_no_candidate_matches() -> None:
     # the Kimi table shifted by one step at one byte: no fma of fp32 a, b gives it
-    table = _table(*KIMI, torch.bfloat16).view(torch.int16).numpy()[0].copy()
+    table = shared_normalise_table(*KIMI, torch.bfloat16).view(torch.int16).numpy()[0].copy()
     table[77] += 1
     assert affine_form(0.5, 0.5, table, torch.bfloat16) is None
     assert affine_form(0.5, 0.0, table, torch.bfloat16) is None  # no deviation, no form

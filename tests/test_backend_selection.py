@@ -10,12 +10,12 @@ import pytest
 from mmwire.transport import (
     SCHEMA_VERSION,
     BackendUnavailable,
-    CpuConsumer,
-    CpuProducer,
+    Consumer,
     CudaIpcRef,
     FeatureEnvelope,
     GlobalIndex,
     Grid,
+    Producer,
     TensorSpec,
     choose_backend,
     encode_batch,
@@ -64,13 +64,13 @@ def test_pool_offer_travels_in_the_handover(tmp_path: object, kind: str) -> None
     server = HandoverServer(
         f"{tmp_path}/h.sock",
         [arena_r, pool_r] if kind == "posix_fd" else [arena_r],
-        lambda hello, pid: Offer(arena_id="arena-id", size=4096, session=b"s" * 16, pool=offer),
+        lambda hello, pid: Offer(arena_id="arena-id", size=4096, member=b"s" * 16, pool=offer),
         gone.append,
     )
     try:
         h = receive_arena(server.path, rank=3)
         assert h.pool == offer and h.arena_id == "arena-id" and h.size == 4096
-        assert h.session == b"s" * 16
+        assert h.member == b"s" * 16
         if kind == "posix_fd":
             assert h.pool_fd is not None
             os.write(pool_w, b"fd!")
@@ -96,8 +96,8 @@ def test_pool_offer_rejects_a_short_or_wrong_handle() -> None:
 
 def test_device_pool_needs_a_cuda_device() -> None:
     with pytest.raises(BackendUnavailable, match="needs a CUDA `device`"):
-        CpuProducer(device_pool="cuda_ipc")
-    p = CpuProducer(arena_size=1 << 20)
+        Producer(device_pool="cuda_ipc")
+    p = Producer(arena_size=1 << 20)
     try:
         assert p.backend_choice.backend == "cpu"
         assert p.statistics().device_pool is None
@@ -106,8 +106,8 @@ def test_device_pool_needs_a_cuda_device() -> None:
 
 
 def test_a_device_reference_without_a_pool_is_refused_and_the_consumer_keeps_serving() -> None:
-    p = CpuProducer(arena_size=1 << 20)
-    c = CpuConsumer(0, p.endpoint, handover=p.handover_path)
+    p = Producer(arena_size=1 << 20)
+    c = Consumer(0, p.endpoint, handover=p.handover_path)
     try:
         p.wait_for_consumers([0], 10)
         env = FeatureEnvelope(

@@ -18,8 +18,7 @@ from helpers import raw_spec
 from mmwire.transport import (
     ArenaFull,
     ClosedResourceError,
-    CpuConsumer,
-    CpuProducer,
+    Consumer,
     CpuRef,
     CurveKeys,
     EnvelopeError,
@@ -30,6 +29,7 @@ from mmwire.transport import (
     Item,
     NotAConsumer,
     OffsetError,
+    Producer,
     StaleReference,
     encode_batch,
 )
@@ -64,14 +64,14 @@ class _Inbox:
             self._parked.append(msg)
 
 
-def _settle(p: CpuProducer, cond: Any, timeout: float = 20) -> None:
+def _settle(p: Producer, cond: Any, timeout: float = 20) -> None:
     deadline = time.monotonic() + timeout
     while not cond() and time.monotonic() < deadline:
         p.poll(0.05)
 
 
 def test_four_ranks_read_their_items_byte_exact(rng: np.random.Generator) -> None:
-    p = CpuProducer(arena_size=1 << 24)
+    p = Producer(arena_size=1 << 24)
     inbox = _Inbox()
     q = inbox.q
     kids = [
@@ -115,7 +115,7 @@ def test_four_ranks_read_their_items_byte_exact(rng: np.random.Generator) -> Non
 
 
 def test_killed_consumer_releases_its_leases(rng: np.random.Generator) -> None:
-    p = CpuProducer(arena_size=1 << 22)
+    p = Producer(arena_size=1 << 22)
     # Separate queues: a process killed right after a put can die holding its queue's
     # write lock, which would then block every other writer of that queue.
     holder_inbox, survivor_inbox = _Inbox(), _Inbox()
@@ -164,7 +164,7 @@ def test_killed_producer_leaves_nothing_and_consumers_get_an_error() -> None:
     assert leaked == set()  # (the test's own multiprocessing queue semaphores aside)
 
 
-def test_tiny_arena_back_pressure_then_arena_full(pair: tuple[CpuProducer, CpuConsumer]) -> None:
+def test_tiny_arena_back_pressure_then_arena_full(pair: tuple[Producer, Consumer]) -> None:
     p, c = pair
     p.full_timeout = 0.3
     img = np.zeros((700, 700, 3), np.uint8)  # ~1.4 MiB: two fit in a 4 MiB arena
@@ -185,7 +185,7 @@ def test_tiny_arena_back_pressure_then_arena_full(pair: tuple[CpuProducer, CpuCo
     assert p.statistics().arena.bytes_in_use == 0
 
 
-def test_inline_fallback_when_full(pair: tuple[CpuProducer, CpuConsumer]) -> None:
+def test_inline_fallback_when_full(pair: tuple[Producer, Consumer]) -> None:
     p, c = pair
     p.on_full, p.full_timeout = "inline", 0.1
     img = np.arange(900 * 900 * 3, dtype=np.uint64).astype(np.uint8).reshape(900, 900, 3)
@@ -199,7 +199,7 @@ def test_inline_fallback_when_full(pair: tuple[CpuProducer, CpuConsumer]) -> Non
     assert p.statistics().inline_fallbacks == 1
 
 
-def test_stale_forged_and_foreign_references(pair: tuple[CpuProducer, CpuConsumer]) -> None:
+def test_stale_forged_and_foreign_references(pair: tuple[Producer, Consumer]) -> None:
     p, c = pair
     img = np.full((20, 30, 3), 7, np.uint8)
     envs = p.publish("r", [_raw_item(img, (0,))])
@@ -244,9 +244,9 @@ def test_stale_forged_and_foreign_references(pair: tuple[CpuProducer, CpuConsume
     c.recv(5).release()
 
 
-def test_non_owner_cannot_open(pair: tuple[CpuProducer, CpuConsumer]) -> None:
+def test_non_owner_cannot_open(pair: tuple[Producer, Consumer]) -> None:
     p, c = pair
-    c1 = CpuConsumer(1, p.endpoint, handover=p.handover_path)
+    c1 = Consumer(1, p.endpoint, handover=p.handover_path)
     try:
         p.wait_for_consumers([0, 1], 10)
         p.publish("r", [_raw_item(np.zeros((9, 9, 3), np.uint8), (0,))])
@@ -264,7 +264,7 @@ def test_non_owner_cannot_open(pair: tuple[CpuProducer, CpuConsumer]) -> None:
 
 @pytest.mark.skipif(os.getuid() != 0, reason="needs root to run an intruder under another uid")
 def test_connection_from_another_uid_is_refused(tmp_path: Any) -> None:
-    p = CpuProducer(arena_size=1 << 20)
+    p = Producer(arena_size=1 << 20)
     inbox = _Inbox()
     q = inbox.q
     try:
@@ -285,7 +285,7 @@ def test_connection_from_another_uid_is_refused(tmp_path: Any) -> None:
         p.close()
 
 
-def test_ten_thousand_requests_keep_fds_and_rss_flat(pair: tuple[CpuProducer, CpuConsumer]) -> None:
+def test_ten_thousand_requests_keep_fds_and_rss_flat(pair: tuple[Producer, Consumer]) -> None:
     p, c = pair
     imgs = [np.full((h, h + 3, 3), h % 251, np.uint8) for h in (8, 17, 33)]
 
@@ -317,21 +317,21 @@ def test_cross_host_consumer_over_tcp(use_curve: bool, rng: np.random.Generator)
     with contextlib.ExitStack() as insecure:
         if not use_curve:  # tcp without CURVE is refused unless asked for, and then warns
             insecure.enter_context(pytest.warns(RuntimeWarning, match="without CURVE"))
-        p = CpuProducer(
+        p = Producer(
             "tcp://127.0.0.1:*",
             arena_size=1 << 24,
             curve=server,
             curve_clients=[client.public] if client else (),
             allow_insecure_tcp=not use_curve,
         )
-    remote = CpuConsumer(
+    remote = Consumer(
         1,
         p.endpoint,
         handover=None,
         curve_server_key=server.public if server else None,
         curve=client,
     )
-    local = CpuConsumer(  # rank 0 shares the host (and the arena) with the producer
+    local = Consumer(  # rank 0 shares the host (and the arena) with the producer
         0,
         p.endpoint,
         handover=p.handover_path,
@@ -363,7 +363,7 @@ def test_cross_host_consumer_over_tcp(use_curve: bool, rng: np.random.Generator)
         _settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
         assert p.statistics().arena.bytes_in_use == 0
         if use_curve:  # a client without the key gets nothing
-            stranger = CpuConsumer(2, p.endpoint, curve_server_key=server.public)  # type: ignore[union-attr]
+            stranger = Consumer(2, p.endpoint, curve_server_key=server.public)  # type: ignore[union-attr]
             try:
                 with pytest.raises(TimeoutError):
                     p.wait_for_consumers([2], 1.0)
@@ -376,7 +376,7 @@ def test_cross_host_consumer_over_tcp(use_curve: bool, rng: np.random.Generator)
 
 
 def test_publish_accepts_tensors_pil_and_encoded_bytes(
-    pair: tuple[CpuProducer, CpuConsumer],
+    pair: tuple[Producer, Consumer],
 ) -> None:
     import io
 

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from mmwire.materialize import Materializer
 from mmwire.transport import (
     BatchDecoder,
-    CpuConsumer,
+    Consumer,
     EnvelopeError,
     IndexMap,
     MmwireError,
@@ -56,12 +56,12 @@ class _Owner:
     """A real consumer's decode and open, made on first use (inline frames need no producer;
     its socket stays idle) and closed with the module."""
 
-    consumer: CpuConsumer | None = None
+    consumer: Consumer | None = None
 
     @classmethod
-    def get(cls) -> CpuConsumer:
+    def get(cls) -> Consumer:
         if cls.consumer is None:
-            cls.consumer = CpuConsumer(0, "ipc:///nonexistent/mmwire-fuzz")
+            cls.consumer = Consumer(0, "ipc:///nonexistent/mmwire-fuzz")
         return cls.consumer
 
 

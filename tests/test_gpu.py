@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 from kernel_cases import CASES
-from mmwire.transport import CpuConsumer, CpuProducer, GlobalIndex, Grid, Item
+from mmwire.transport import Consumer, GlobalIndex, Grid, Item, Producer
 
 pytestmark = [
     pytest.mark.gpu,
@@ -17,8 +17,8 @@ pytestmark = [
 
 
 def test_registered_arena_uploads_byte_exact() -> None:
-    p = CpuProducer(arena_size=64 << 20)
-    c = CpuConsumer(0, p.endpoint, handover=p.handover_path)
+    p = Producer(arena_size=64 << 20)
+    c = Consumer(0, p.endpoint, handover=p.handover_path)
     try:
         p.wait_for_consumers([0])
         c.register_with_cuda()
@@ -41,8 +41,8 @@ def test_materializer_on_cuda_returns_views_of_the_device_batch() -> None:
     rng = np.random.default_rng(5)
     images = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in ((60, 90), (41, 33))]
     cfg = ProcessorConfig()
-    p = CpuProducer(arena_size=16 << 20)
-    c = CpuConsumer(0, p.endpoint, handover=p.handover_path)
+    p = Producer(arena_size=16 << 20)
+    c = Consumer(0, p.endpoint, handover=p.handover_path)
     try:
         p.wait_for_consumers([0])
         p.publish("m", [Item(data=im, consumers=(0,), preprocess=cfg.spec_for) for im in images])
@@ -391,8 +391,8 @@ def test_cuda_materializer_equals_the_cpu_one_over_a_registered_arena(
     ]
     processed = torch.randn(8, 3, 14, 14)
     emb = torch.randn(5, 32)
-    p = CpuProducer(arena_size=64 << 20)
-    c = CpuConsumer(0, p.endpoint, handover=p.handover_path)
+    p = Producer(arena_size=64 << 20)
+    c = Consumer(0, p.endpoint, handover=p.handover_path)
     try:
         p.wait_for_consumers([0])
         c.register_with_cuda()

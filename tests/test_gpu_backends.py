@@ -14,8 +14,7 @@ import procs
 import pytest
 import torch
 from mmwire.transport import (
-    CpuConsumer,
-    CpuProducer,
+    Consumer,
     CpuRef,
     CudaIpcRef,
     CurveKeys,
@@ -24,6 +23,7 @@ from mmwire.transport import (
     Grid,
     Item,
     PeerGone,
+    Producer,
 )
 from test_cpu_backend import SPAWN, _Inbox
 
@@ -43,7 +43,7 @@ def _item(t: torch.Tensor, rank: int = 0) -> Item:
     return Item(data=t, consumers=(rank,), kind="embedding", grid=Grid((1, 1)))
 
 
-def _settle(p: CpuProducer, cond: Any, timeout: float = 30) -> bool:
+def _settle(p: Producer, cond: Any, timeout: float = 30) -> bool:
     deadline = time.monotonic() + timeout
     while not cond():
         if time.monotonic() > deadline:
@@ -55,7 +55,7 @@ def _settle(p: CpuProducer, cond: Any, timeout: float = 30) -> bool:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_round_trips_are_byte_exact_across_processes(kind: str) -> None:
-    p = CpuProducer(device_pool=kind, device="cuda", device_pool_size=160 << 20)  # type: ignore[arg-type]
+    p = Producer(device_pool=kind, device="cuda", device_pool_size=160 << 20)  # type: ignore[arg-type]
     inbox = _Inbox()
     cons = SPAWN.Process(
         target=procs.gpu_consume, args=(0, p.endpoint, p.handover_path, 4, inbox.q)
@@ -96,7 +96,7 @@ def test_round_trips_are_byte_exact_across_processes(kind: str) -> None:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_ten_thousand_requests_recycle_a_small_pool(kind: str) -> None:
-    p = CpuProducer(
+    p = Producer(
         device_pool=kind,  # type: ignore[arg-type]
         device="cuda",
         device_pool_size=2 << 20,
@@ -129,7 +129,7 @@ def test_ten_thousand_requests_recycle_a_small_pool(kind: str) -> None:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_killed_consumer_mid_read_gives_its_slots_back(kind: str) -> None:
-    p = CpuProducer(device_pool=kind, device="cuda", device_pool_size=8 << 20)  # type: ignore[arg-type]
+    p = Producer(device_pool=kind, device="cuda", device_pool_size=8 << 20)  # type: ignore[arg-type]
     holder_inbox, survivor_inbox = _Inbox(), _Inbox()
     holder = SPAWN.Process(
         target=procs.gpu_consume, args=(0, p.endpoint, p.handover_path, 1, holder_inbox.q, True)
@@ -165,7 +165,7 @@ def test_killed_producer_gives_consumers_a_clear_error(kind: str) -> None:
     prod.start()
     try:
         _, endpoint, handover = prod_q.get(timeout=120)
-        c = CpuConsumer(0, endpoint, handover=handover, device="cuda")
+        c = Consumer(0, endpoint, handover=handover, device="cuda")
         try:
             prod_q.get(timeout=120)  # ("published",)
             first = c.recv(60)
@@ -187,8 +187,8 @@ def test_killed_producer_gives_consumers_a_clear_error(kind: str) -> None:
 
 
 def test_full_pool_falls_back_to_the_cpu_arena_with_one_warning() -> None:
-    p = CpuProducer(device_pool="cuda_ipc", device="cuda", device_pool_size=2 << 20)
-    c = CpuConsumer(0, p.endpoint, handover=p.handover_path, device="cuda")  # same process
+    p = Producer(device_pool="cuda_ipc", device="cuda", device_pool_size=2 << 20)
+    c = Consumer(0, p.endpoint, handover=p.handover_path, device="cuda")  # same process
     try:
         p.wait_for_consumers([0], 30)
         small = torch.arange(1000, dtype=torch.float32, device="cuda")
@@ -216,7 +216,7 @@ def test_fabric_refused_takes_the_posix_fd_path_and_auto_says_why() -> None:
     from mmwire.transport._device_pool import fabric_permitted
 
     permitted = fabric_permitted(torch.device("cuda"))
-    p = CpuProducer(device_pool="fabric", device="cuda", device_pool_size=4 << 20)
+    p = Producer(device_pool="fabric", device="cuda", device_pool_size=4 << 20)
     try:
         st = p.statistics().device_pool
         assert st is not None
@@ -225,12 +225,12 @@ def test_fabric_refused_takes_the_posix_fd_path_and_auto_says_why() -> None:
             assert "refused" in st.reason
     finally:
         p.close()
-    auto_local = CpuProducer(device_pool="auto", device="cuda", device_pool_size=4 << 20)
+    auto_local = Producer(device_pool="auto", device="cuda", device_pool_size=4 << 20)
     try:
         assert auto_local.backend_choice.backend == "cuda_ipc"
     finally:
         auto_local.close()
-    auto_remote = CpuProducer(
+    auto_remote = Producer(
         "tcp://127.0.0.1:*",
         curve=CurveKeys.generate(),
         device_pool="auto",
@@ -248,7 +248,7 @@ def test_fabric_refused_takes_the_posix_fd_path_and_auto_says_why() -> None:
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 @pytest.mark.parametrize("kind", KINDS)
 def test_consumer_on_another_gpu_opens_the_pool_on_its_own_device(kind: str) -> None:
-    p = CpuProducer(device_pool=kind, device="cuda:0", device_pool_size=32 << 20)  # type: ignore[arg-type]
+    p = Producer(device_pool=kind, device="cuda:0", device_pool_size=32 << 20)  # type: ignore[arg-type]
     inbox = _Inbox()
     cons = SPAWN.Process(
         target=procs.gpu_consume,

@@ -26,8 +26,7 @@ from helpers import raw_spec
 from mmwire.transport import (
     ArenaFull,
     ConfigurationError,
-    CpuConsumer,
-    CpuProducer,
+    Consumer,
     CpuRef,
     CurveKeys,
     EnvelopeError,
@@ -39,6 +38,7 @@ from mmwire.transport import (
     MaterializeError,
     MmwireError,
     PeerGone,
+    Producer,
 )
 from mmwire.transport._control import ENCODER, Release
 from mmwire.transport._handover import receive_arena
@@ -75,7 +75,7 @@ def _fd_targets() -> list[str]:
 def test_a_rank_that_stops_reading_then_resumes_gets_every_request_in_order() -> None:
     """A full queue makes publish wait (back-pressure) instead of dropping batches."""
     n = 400
-    p = CpuProducer(arena_size=16 << 20, max_backlog=8, slow_consumer_timeout=60)
+    p = Producer(arena_size=16 << 20, max_backlog=8, slow_consumer_timeout=60)
     inbox = _Inbox()
     kid = SPAWN.Process(
         target=procs.stall_then_consume,
@@ -103,11 +103,11 @@ def test_a_rank_that_stops_reading_then_resumes_gets_every_request_in_order() ->
 def test_a_rank_stuck_past_the_bound_is_evicted_and_the_others_keep_everything(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    p = CpuProducer(arena_size=16 << 20, max_backlog=2, slow_consumer_timeout=1.0)
+    p = Producer(arena_size=16 << 20, max_backlog=2, slow_consumer_timeout=1.0)
     inbox = _Inbox()
     kid = SPAWN.Process(target=procs.stuck, args=(0, p.endpoint, p.handover_path, 6.0, inbox.q))
     kid.start()
-    c1 = CpuConsumer(1, p.endpoint, handover=p.handover_path)
+    c1 = Consumer(1, p.endpoint, handover=p.handover_path)
     delivered: list[str] = []
     received: list[str] = []
     done = threading.Event()
@@ -159,11 +159,11 @@ def test_a_rank_stuck_past_the_bound_is_evicted_and_the_others_keep_everything(
         p.close()
 
 
-# -- a rank is a session --------------------------------------------------------------------
+# -- a rank is a member --------------------------------------------------------------------
 
 
 def test_a_second_process_for_a_live_rank_is_refused_and_replace_fences_the_old_one() -> None:
-    p = CpuProducer(arena_size=1 << 20)
+    p = Producer(arena_size=1 << 20)
     inbox = _Inbox()
     old = SPAWN.Process(target=procs.hold_rank, args=(0, p.endpoint, p.handover_path, inbox.q))
     old.start()
@@ -172,8 +172,8 @@ def test_a_second_process_for_a_live_rank_is_refused_and_replace_fences_the_old_
         p.wait_for_consumers([0], 30)
         os.kill(old.pid, signal.SIGSTOP)  # hung, not dead
         with pytest.raises(HandoverRefused, match="rank 0 is held by"):
-            CpuConsumer(0, p.endpoint, handover=p.handover_path)
-        new = CpuConsumer(0, p.endpoint, handover=p.handover_path, replace=True)
+            Consumer(0, p.endpoint, handover=p.handover_path)
+        new = Consumer(0, p.endpoint, handover=p.handover_path, replace=True)
         try:
             p.wait_for_consumers([0], 10)
             first = np.full((40, 50, 3), 61, np.uint8)
@@ -201,18 +201,18 @@ def test_a_second_process_for_a_live_rank_is_refused_and_replace_fences_the_old_
 
 def test_tcp_needs_curve_and_a_remote_rank_is_bound_to_its_key() -> None:
     with pytest.raises(ConfigurationError, match="tcp without CURVE"):
-        CpuProducer("tcp://127.0.0.1:*", arena_size=1 << 20)
+        Producer("tcp://127.0.0.1:*", arena_size=1 << 20)
     server, alice, mallory = CurveKeys.generate(), CurveKeys.generate(), CurveKeys.generate()
-    p = CpuProducer(
+    p = Producer(
         "tcp://127.0.0.1:*",
         arena_size=1 << 20,
         curve=server,
         curve_clients=[alice.public, mallory.public],
     )
-    real = CpuConsumer(1, p.endpoint, curve_server_key=server.public, curve=alice)
+    real = Consumer(1, p.endpoint, curve_server_key=server.public, curve=alice)
     try:
         p.wait_for_consumers([1], 10)
-        thief = CpuConsumer(1, p.endpoint, curve_server_key=server.public, curve=mallory)
+        thief = Consumer(1, p.endpoint, curve_server_key=server.public, curve=mallory)
         with pytest.raises(HandoverRefused, match="rank 1 is held by"):
             thief.recv(5)
         thief.close()
@@ -237,11 +237,11 @@ def _hello(rank: object) -> bytes:
 def test_ranks_are_validated_where_a_consumer_is_made(rank: Any, pair: Any) -> None:
     p, _ = pair
     with pytest.raises(ConfigurationError, match="`rank` must be an int"):
-        CpuConsumer(rank, p.endpoint, handover=p.handover_path)
+        Consumer(rank, p.endpoint, handover=p.handover_path)
 
 
 def test_the_handover_survives_empty_garbage_silent_and_absurd_connections(
-    pair: tuple[CpuProducer, CpuConsumer],
+    pair: tuple[Producer, Consumer],
 ) -> None:
     p, c = pair
     fds = _fds()
@@ -266,7 +266,7 @@ def test_the_handover_survives_empty_garbage_silent_and_absurd_connections(
         s.connect(p.handover_path)
         silent.append(s)
     t0 = time.monotonic()
-    c2 = CpuConsumer(2, p.endpoint, handover=p.handover_path)
+    c2 = Consumer(2, p.endpoint, handover=p.handover_path)
     assert time.monotonic() - t0 < 2.0, "a silent connection delayed a join"
     try:
         p.wait_for_consumers([0, 2], 10)
@@ -286,7 +286,7 @@ def test_the_handover_survives_empty_garbage_silent_and_absurd_connections(
 
 
 def test_a_consumer_that_dies_holding_a_lease_is_cleaned_after_a_hostile_handover() -> None:
-    p = CpuProducer(arena_size=1 << 22)
+    p = Producer(arena_size=1 << 22)
     inbox = _Inbox()
     try:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -310,12 +310,12 @@ def test_a_consumer_that_dies_holding_a_lease_is_cleaned_after_a_hostile_handove
 
 
 def test_forged_repeated_stale_and_foreign_releases_change_nothing(
-    pair: tuple[CpuProducer, CpuConsumer],
+    pair: tuple[Producer, Consumer],
 ) -> None:
     import zmq
 
     p, c = pair
-    c1 = CpuConsumer(1, p.endpoint, handover=p.handover_path)
+    c1 = Consumer(1, p.endpoint, handover=p.handover_path)
     ctx = zmq.Context()
     stranger = ctx.socket(zmq.DEALER)
     stranger.connect(p.endpoint)
@@ -336,7 +336,7 @@ def test_forged_repeated_stale_and_foreign_releases_change_nothing(
         ]
         for msg in forged:
             c1._sock.send(ENCODER.encode(msg))
-            stranger.send(ENCODER.encode(msg))  # from no session at all
+            stranger.send(ENCODER.encode(msg))  # from no member at all
         stranger.send(b"\xc1 not msgpack")
         stranger.send_multipart([b"a", b"b", b"c"])
         _settle(
@@ -431,9 +431,9 @@ def _bad_requests() -> list[tuple[str, Any, Any, type[MmwireError]]]:
 
 
 def test_a_thousand_bad_publishes_leak_nothing_then_a_good_one_reaches_every_owner() -> None:
-    p = CpuProducer(arena_size=256 << 10, full_timeout=30)
-    c0 = CpuConsumer(0, p.endpoint, handover=p.handover_path)
-    c1 = CpuConsumer(1, p.endpoint, handover=p.handover_path)
+    p = Producer(arena_size=256 << 10, full_timeout=30)
+    c0 = Consumer(0, p.endpoint, handover=p.handover_path)
+    c1 = Consumer(1, p.endpoint, handover=p.handover_path)
     try:
         p.wait_for_consumers([0, 1], 10)
         cases = _bad_requests()
@@ -460,7 +460,7 @@ def test_a_thousand_bad_publishes_leak_nothing_then_a_good_one_reaches_every_own
         p.close()
 
 
-def test_an_item_that_can_never_fit_fails_at_once(pair: tuple[CpuProducer, CpuConsumer]) -> None:
+def test_an_item_that_can_never_fit_fails_at_once(pair: tuple[Producer, Consumer]) -> None:
     p, _ = pair
     p.full_timeout = 30
     t0 = time.monotonic()
@@ -475,7 +475,7 @@ _DENIED = "Operation not permitted|Bad file descriptor|Invalid argument"
 
 
 def test_a_consumer_can_neither_write_nor_truncate_the_arena(
-    pair: tuple[CpuProducer, CpuConsumer],
+    pair: tuple[Producer, Consumer],
 ) -> None:
     p, c = pair
     h = receive_arena(p.handover_path, 3)
@@ -511,8 +511,8 @@ def test_a_consumer_can_neither_write_nor_truncate_the_arena(
 def test_a_lease_held_past_lease_timeout_evicts_its_hung_consumer(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    p = CpuProducer(arena_size=1 << 22, lease_timeout=1.0)
-    c = CpuConsumer(0, p.endpoint, handover=p.handover_path)
+    p = Producer(arena_size=1 << 22, lease_timeout=1.0)
+    c = Consumer(0, p.endpoint, handover=p.handover_path)
     try:
         p.wait_for_consumers([0], 10)
         with caplog.at_level(logging.WARNING, logger="mmwire.transport"):
@@ -533,8 +533,8 @@ def test_a_lease_held_past_lease_timeout_evicts_its_hung_consumer(
 
 def test_releases_are_served_without_poll_and_release_never_blocks() -> None:
     n = 3000
-    p = CpuProducer(arena_size=64 << 20, max_backlog=n + 10)
-    c = CpuConsumer(0, p.endpoint, handover=p.handover_path, max_backlog=n + 10)
+    p = Producer(arena_size=64 << 20, max_backlog=n + 10)
+    c = Consumer(0, p.endpoint, handover=p.handover_path, max_backlog=n + 10)
     try:
         p.wait_for_consumers([0], 10)
         img = np.zeros((4, 4, 3), np.uint8)
@@ -588,7 +588,7 @@ def _png(rgb: np.ndarray) -> bytes:  # type: ignore[type-arg]
 
 @pytest.mark.parametrize(("what", "image"), _contract_inputs(), ids=lambda v: str(v)[:12])
 def test_publish_and_preprocess_images_take_the_same_inputs_the_same_way(
-    what: str, image: Any, pair: tuple[CpuProducer, CpuConsumer]
+    what: str, image: Any, pair: tuple[Producer, Consumer]
 ) -> None:
     from mmwire.materialize import preprocess_images
 
@@ -619,7 +619,7 @@ def torch_equal(a: Any, b: Any) -> bool:
     return bool(torch.equal(a, b))
 
 
-def test_an_empty_request_is_refused(pair: tuple[CpuProducer, CpuConsumer]) -> None:
+def test_an_empty_request_is_refused(pair: tuple[Producer, Consumer]) -> None:
     p, c = pair
     with pytest.raises(InvalidRequest, match="no items"):
         p.publish("empty", [])
@@ -632,9 +632,9 @@ def test_an_empty_request_is_refused(pair: tuple[CpuProducer, CpuConsumer]) -> N
 
 def test_two_honest_ranks_get_every_byte_while_a_hostile_peer_attacks() -> None:
     n = 1000
-    p = CpuProducer(arena_size=8 << 20)
-    c0 = CpuConsumer(0, p.endpoint, handover=p.handover_path)
-    c1 = CpuConsumer(1, p.endpoint, handover=p.handover_path)
+    p = Producer(arena_size=8 << 20)
+    c0 = Consumer(0, p.endpoint, handover=p.handover_path)
+    c1 = Consumer(1, p.endpoint, handover=p.handover_path)
     inbox = _Inbox()
     try:
         p.wait_for_consumers([0, 1], 10)
@@ -694,7 +694,7 @@ def _owner_output(frames: list[bytes], **materializer: Any) -> Any:
     from mmwire.materialize import Materializer
     from mmwire.transport import IndexMap
 
-    owner = CpuConsumer(0, "ipc:///nonexistent/mmwire-owner")
+    owner = Consumer(0, "ipc:///nonexistent/mmwire-owner")
     try:
         batch = owner.decode(frames)
         return Materializer(0, **materializer).materialize(batch, IndexMap(0, [GlobalIndex(0)]))
@@ -760,38 +760,38 @@ def test_an_owner_caps_a_batchs_output() -> None:
 
 
 def test_a_process_that_takes_the_arena_but_never_joins_expires() -> None:
-    p = CpuProducer(arena_size=1 << 20, join_timeout=0.5)
+    p = Producer(arena_size=1 << 20, join_timeout=0.5)
     try:
         h = receive_arena(p.handover_path, 3)  # handed over, never joins the channel
         h.conn.settimeout(10)
-        assert h.conn.recv(1) == b""  # the producer ended the session and closed it
+        assert h.conn.recv(1) == b""  # the producer ended the member and closed it
         os.close(h.fd)
         h.conn.close()
-        c = CpuConsumer(3, p.endpoint, handover=p.handover_path)  # the rank is free again
+        c = Consumer(3, p.endpoint, handover=p.handover_path)  # the rank is free again
         try:
             p.wait_for_consumers([3], 10)
         finally:
             c.close()
-        assert p.statistics().sessions_ended >= 1
+        assert p.statistics().members_ended >= 1
     finally:
         p.close()
 
 
 def test_a_remote_rank_can_rejoin_once_its_old_connection_is_gone() -> None:
     with pytest.warns(RuntimeWarning, match="without CURVE"):
-        p = CpuProducer("tcp://127.0.0.1:*", arena_size=1 << 20, allow_insecure_tcp=True)
-    first = CpuConsumer(1, p.endpoint)
+        p = Producer("tcp://127.0.0.1:*", arena_size=1 << 20, allow_insecure_tcp=True)
+    first = Consumer(1, p.endpoint)
     try:
         p.wait_for_consumers([1], 10)
-        second = CpuConsumer(1, p.endpoint)  # the first is still connected: refused
+        second = Consumer(1, p.endpoint)  # the first is still connected: refused
         with pytest.raises(HandoverRefused, match="still connected"):
             second.recv(5)
         second.close()
         first.close()  # a restart: the old connection goes away
         time.sleep(0.3)
-        again = CpuConsumer(1, p.endpoint)
+        again = Consumer(1, p.endpoint)
         try:
-            _settle(p, lambda: p.statistics().sessions_ended >= 1)
+            _settle(p, lambda: p.statistics().members_ended >= 1)
             p.wait_for_consumers([1], 10)
             p.publish("x", [_item(np.full((4, 5, 3), 8, np.uint8), (1,))])
             with again.recv(5) as b:

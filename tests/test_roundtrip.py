@@ -8,7 +8,7 @@ import numpy as np
 import procs
 import torch
 from mmwire.materialize import ProcessorConfig, assign_owners, owners_of, preprocess_images
-from mmwire.transport import CpuProducer, Item
+from mmwire.transport import Item, Producer
 from PIL import Image
 
 
@@ -23,7 +23,7 @@ def test_deferred_items_materialised_by_their_owners_equal_eager(rng: np.random.
     owners = owners_of(maps, len(images))
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    p = CpuProducer(arena_size=1 << 24)
+    p = Producer(arena_size=1 << 24)
     kids = [
         ctx.Process(
             target=procs.materialize_rank,

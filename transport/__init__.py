@@ -4,21 +4,25 @@ General layout: ``_errors`` (the exception tree), ``_index`` (GlobalIndex/LocalI
 their tables), ``_schema`` (the envelope Structs), ``_codec`` (frames <-> envelopes),
 ``_views`` (zero-copy array views), ``_pixels`` (the image input contract), ``_items``
 (what ``publish`` accepts), ``_arena``/``_handover``/``_control`` (the arena, its handover and
-the consumer sessions), ``_producer``/``_cpu`` (the cpu backend's two ends),
-``_cuda``/``_device_pool``/``_gpu`` (the GPU backends' pools behind the same API),
-``_select`` (what ``device_pool="auto"`` picks). Every public name is re-exported here
-exactly once.
+the table of joined consumers), ``_producer``/``_consumer`` (the two ends; the GPU backends
+are options of the one producer), ``_cuda``/``_device_pool``/``_gpu`` (the GPU backends'
+pools behind the same API), ``_select`` (what ``device_pool="auto"`` picks). Every public
+name is re-exported here exactly once. ``CpuProducer`` and ``CpuConsumer`` are deprecated
+names of ``Producer`` and ``Consumer``.
 """
+
+import warnings
+from typing import Any
 
 from ._arena import ArenaStatistics as ArenaStatistics
 from ._codec import BatchDecoder as BatchDecoder
 from ._codec import DecodedBatch as DecodedBatch
 from ._codec import Limits as Limits
 from ._codec import encode_batch as encode_batch
+from ._consumer import Consumer as Consumer
+from ._consumer import ConsumerStatistics as ConsumerStatistics
+from ._consumer import ReceivedBatch as ReceivedBatch
 from ._control import CurveKeys as CurveKeys
-from ._cpu import ConsumerStatistics as ConsumerStatistics
-from ._cpu import CpuConsumer as CpuConsumer
-from ._cpu import ReceivedBatch as ReceivedBatch
 from ._errors import ArenaFull as ArenaFull
 from ._errors import BackendUnavailable as BackendUnavailable
 from ._errors import BusyResourceError as BusyResourceError
@@ -50,8 +54,9 @@ from ._index import IndexMap as IndexMap
 from ._index import LocalIndex as LocalIndex
 from ._index import LocalSlots as LocalSlots
 from ._items import Item as Item
+from ._pixels import keeps_alpha as keeps_alpha
 from ._pixels import to_pixels as to_pixels
-from ._producer import CpuProducer as CpuProducer
+from ._producer import Producer as Producer
 from ._producer import ProducerStatistics as ProducerStatistics
 from ._schema import DTYPES as DTYPES
 from ._schema import SCHEMA_VERSION as SCHEMA_VERSION
@@ -84,9 +89,8 @@ __all__ = [
     "ByteLengthMismatch",
     "ClosedResourceError",
     "ConfigurationError",
+    "Consumer",
     "ConsumerStatistics",
-    "CpuConsumer",
-    "CpuProducer",
     "CpuRef",
     "CudaIpcRef",
     "CurveKeys",
@@ -119,6 +123,7 @@ __all__ = [
     "PayloadRef",
     "PeerGone",
     "PreprocessSpec",
+    "Producer",
     "ProducerStatistics",
     "ReceivedBatch",
     "ResizePlan",
@@ -129,7 +134,23 @@ __all__ = [
     "UnknownDtype",
     "choose_backend",
     "encode_batch",
+    "keeps_alpha",
     "numpy_view",
     "to_pixels",
     "torch_view",
 ]
+
+_RENAMED = {"CpuProducer": Producer, "CpuConsumer": Consumer}
+
+
+def __getattr__(name: str) -> Any:
+    """The old names of renamed classes, with a ``DeprecationWarning``."""
+    if name in _RENAMED:
+        new = _RENAMED[name]
+        warnings.warn(
+            f"mmwire.transport.{name} is now {new.__name__}; the old name will be removed",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return new
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

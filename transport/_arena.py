@@ -24,7 +24,7 @@ All integers little-endian. Offsets in the layout table and in ``CpuRef`` are ab
 States
 ------
 A lease range is *free* (on the free list, header generation 0) or *live* (allocated,
-header generation g > 0, with a set of pending holders: the consumer sessions that must
+header generation g > 0, with a set of pending holders: the consumer members that must
 release it).
 
 Transitions
@@ -33,8 +33,8 @@ Transitions
   then the generation (``# ORDER`` at the store).
 * ``release(holder)``: removes ``holder`` from the pending set; when it empties the header
   generation is zeroed and the range goes back on the free list (coalesced).
-* a consumer session's end (death, eviction, replacement): ``release`` for every live lease
-  that still waits on that session, never on another session of the same rank.
+* a consumer member's end (death, eviction, replacement): ``release`` for every live lease
+  that still waits on that member, never on another member of the same rank.
 
 Invariants
 ----------
@@ -122,7 +122,7 @@ class ArenaStatistics:
 class Lease:
     """One request's allocation: ``[start, start+length)`` and the item slots inside it.
 
-    ``pending`` holds the consumer sessions that still have to release it; ``tag`` names
+    ``pending`` holds the consumer members that still have to release it; ``tag`` names
     the request in log lines; ``since`` is the ``time.monotonic()`` of its allocation.
     """
 
@@ -298,7 +298,7 @@ class Arena:
             return True
 
     def release_holder(self, holder: int) -> int:
-        """Release everything ``holder`` still holds (its session ended); returns how many."""
+        """Release everything ``holder`` still holds (its member ended); returns how many."""
         with self._lock:
             held = [lease for lease in self._live.values() if holder in lease.pending]
             for lease in held:

@@ -1,21 +1,21 @@
-"""The control channel's messages and the producer's table of consumer sessions.
+"""The control channel's messages and the producer's table of the consumers it serves.
 
-A rank's identity is a *session*, not a number. A consumer on the producer's host gets a
-session from the handover (a random 16-byte token, tied to its handover connection) and
+A rank's identity is a *member*, not a number. A consumer on the producer's host gets a
+member from the handover (a random 16-byte token, tied to its handover connection) and
 joins the zmq channel with that token as its routing id; a consumer on another host joins
 with a fresh routing id and, under CURVE, is bound to its public key. Leases are held by
-sessions, so the end of one process (death, eviction, replacement) releases only what that
+members, so the end of one process (death, eviction, replacement) releases only what that
 process received, never what a newer process of the same rank holds.
 
 Rules
 -----
-* A rank has at most one live session. A second claim is refused, unless it asks to
+* A rank has at most one live member. A second claim is refused, unless it asks to
   ``replace`` (a local process of an allowed uid, or a remote one on a channel without
   keys) or comes from the same CURVE key (the same principal reconnecting); the old
-  session is ended first, so its leases are fenced off before the new one gets any.
-* A join must name a session the handover made, on the rank it was made for, or be a
+  member is ended first, so its leases are fenced off before the new one gets any.
+* A join must name a member the handover made, on the rank it was made for, or be a
   remote join where the producer accepts those (``tcp://``).
-* A session handed over but not joined within ``join_timeout`` expires.
+* A member handed over but not joined within ``join_timeout`` expires.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import zmq
 
 from ._handover import MAX_RANKS
 
-__all__ = ["NOTICE", "CurveKeys", "Join", "Release", "Session", "Sessions", "decode_control"]
+__all__ = ["NOTICE", "CurveKeys", "Join", "Member", "Members", "Release", "decode_control"]
 
 _log = logging.getLogger("mmwire.transport")
 
@@ -40,16 +40,16 @@ _U63 = msgspec.Meta(ge=0, le=(1 << 63) - 1)
 
 
 class Join(msgspec.Struct, frozen=True, tag=True):
-    """consumer -> producer, once: this routing id is rank ``rank`` of session ``session``."""
+    """consumer -> producer, once: this routing id is rank ``rank`` of member ``member``."""
 
     rank: Annotated[int, msgspec.Meta(ge=0, lt=MAX_RANKS)]
     shared: bool
-    session: Annotated[bytes, msgspec.Meta(max_length=64)] = b""
+    member: Annotated[bytes, msgspec.Meta(max_length=64)] = b""
     replace: bool = False
 
 
 class Release(msgspec.Struct, frozen=True, tag=True):
-    """consumer -> producer, once per lease: this session is done with it."""
+    """consumer -> producer, once per lease: this member is done with it."""
 
     lease: Annotated[int, _U63]
     generation: Annotated[int, _U63]
@@ -87,7 +87,7 @@ class CurveKeys:
 
 
 @dataclass
-class Session:
+class Member:
     """One consumer process's claim on a rank."""
 
     id: int
@@ -98,7 +98,7 @@ class Session:
     """It received the arena over the handover socket."""
     pid: int | None
     key: bytes | None
-    """Its CURVE public key (z85), for a remote session under CURVE."""
+    """Its CURVE public key (z85), for a remote member under CURVE."""
     since: float
     ident: bytes | None = None
     """Its zmq routing id, once joined."""
@@ -108,25 +108,25 @@ class Session:
 
     def __str__(self) -> str:
         who = f"pid {self.pid}" if self.pid is not None else "a remote process"
-        return f"rank {self.rank} ({who}, session {self.id})"
+        return f"rank {self.rank} ({who}, member {self.id})"
 
 
-class Sessions:
-    """The producer's sessions; every method runs under the producer's lock.
+class Members:
+    """The producer's members; every method runs under the producer's lock.
 
-    ``on_end(session, why)`` runs once per ended session, for the producer to release its
+    ``on_end(member, why)`` runs once per ended member, for the producer to release its
     leases, close its handover connection and log why.
     """
 
-    def __init__(self, on_end: Callable[[Session, str], None]) -> None:
+    def __init__(self, on_end: Callable[[Member, str], None]) -> None:
         self._on_end = on_end
         self._next_id = 1
-        self._by_rank: dict[int, Session] = {}
-        self._by_token: dict[bytes, Session] = {}
-        self._by_ident: dict[bytes, Session] = {}
+        self._by_rank: dict[int, Member] = {}
+        self._by_token: dict[bytes, Member] = {}
+        self._by_ident: dict[bytes, Member] = {}
 
-    def _new(self, rank: int, *, local: bool, pid: int | None, key: bytes | None) -> Session:
-        s = Session(
+    def _new(self, rank: int, *, local: bool, pid: int | None, key: bytes | None) -> Member:
+        s = Member(
             id=self._next_id,
             rank=rank,
             token=secrets.token_bytes(16),
@@ -140,8 +140,8 @@ class Sessions:
         self._by_token[s.token] = s
         return s
 
-    def offer(self, rank: int, pid: int, replace: bool) -> Session | str:
-        """A new local session for ``rank`` (the handover's Hello), or why not."""
+    def offer(self, rank: int, pid: int, replace: bool) -> Member | str:
+        """A new local member for ``rank`` (the handover's Hello), or why not."""
         live = self._by_rank.get(rank)
         if live is not None:
             if not replace:
@@ -158,23 +158,23 @@ class Sessions:
         msg: Join,
         key: bytes | None,
         remote_ok: bool,
-        connected: Callable[[Session], bool],
-    ) -> Session | str:
-        """Bind a routing id to a session (the channel's Join), or why not.
+        connected: Callable[[Member], bool],
+    ) -> Member | str:
+        """Bind a routing id to a member (the channel's Join), or why not.
 
-        ``connected(session)`` says whether a remote session's connection is still up; a
+        ``connected(member)`` says whether a remote member's connection is still up; a
         remote rank whose holder has disconnected can be joined again.
         """
         if ident in self._by_ident:
             return f"routing id {ident.hex()} already joined as {self._by_ident[ident]}"
-        if msg.session:
-            s = self._by_token.get(msg.session)
+        if msg.member:
+            s = self._by_token.get(msg.member)
             if s is None or s.gone or s.ident is not None or s.rank != msg.rank:
-                return f"a join for rank {msg.rank} names no session handed over for it"
+                return f"a join for rank {msg.rank} names no member handed over for it"
         else:
             if not remote_ok:
                 return (
-                    f"a join for rank {msg.rank} without a handover session (this producer "
+                    f"a join for rank {msg.rank} without a handover member (this producer "
                     "takes remote consumers only on tcp://)"
                 )
             live = self._by_rank.get(msg.rank)
@@ -186,15 +186,15 @@ class Sessions:
                         return f"rank {msg.rank} is held by {live}"
                     if connected(live):
                         return f"rank {msg.rank} is held by {live}, which is still connected"
-                self.end(live, "replaced by a new remote session")
+                self.end(live, "replaced by a new remote member")
             s = self._new(msg.rank, local=False, pid=None, key=key)
         s.ident = ident
         s.shared = msg.shared and s.local
         self._by_ident[ident] = s
         return s
 
-    def end(self, s: Session, why: str) -> None:
-        """End a session once: forget it and let the producer release what it held."""
+    def end(self, s: Member, why: str) -> None:
+        """End a member once: forget it and let the producer release what it held."""
         if s.gone:
             return
         s.gone = True
@@ -205,32 +205,32 @@ class Sessions:
             del self._by_ident[s.ident]
         self._on_end(s, why)
 
-    def by_token(self, token: bytes) -> Session | None:
-        """The live session with this handover token."""
+    def by_token(self, token: bytes) -> Member | None:
+        """The live member with this handover token."""
         return self._by_token.get(token)
 
-    def by_ident(self, ident: bytes) -> Session | None:
-        """The joined session with this routing id."""
+    def by_ident(self, ident: bytes) -> Member | None:
+        """The joined member with this routing id."""
         return self._by_ident.get(ident)
 
-    def of_rank(self, rank: int) -> Session | None:
-        """The live session holding ``rank`` (joined or not)."""
+    def of_rank(self, rank: int) -> Member | None:
+        """The live member holding ``rank`` (joined or not)."""
         return self._by_rank.get(rank)
 
-    def joined(self) -> Iterator[Session]:
-        """Every joined session, by rank."""
+    def joined(self) -> Iterator[Member]:
+        """Every joined member, by rank."""
         for rank in sorted(self._by_rank):
             s = self._by_rank[rank]
             if s.ident is not None:
                 yield s
 
     def expire(self, join_timeout: float) -> None:
-        """End sessions handed over more than ``join_timeout`` s ago that never joined."""
+        """End members handed over more than ``join_timeout`` s ago that never joined."""
         cutoff = time.monotonic() - join_timeout
         for s in list(self._by_rank.values()):
             if s.ident is None and s.since < cutoff:
                 self.end(s, f"it did not join the channel within {join_timeout} s")
 
-    def all(self) -> list[Session]:
-        """Every live session."""
+    def all(self) -> list[Member]:
+        """Every live member."""
         return list(self._by_rank.values())

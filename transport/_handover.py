@@ -5,7 +5,7 @@ Layout
 One stream connection per consumer process, kept open for its whole life::
 
     consumer -> producer   msgpack Hello{rank, pid, replace}
-    producer -> consumer   msgpack Offer{arena_id, size, session, pool} + SCM_RIGHTS [memfd]
+    producer -> consumer   msgpack Offer{arena_id, size, member, pool} + SCM_RIGHTS [memfd]
                                                    (+ the pool's fd for a posix_fd pool)
                      or    msgpack Refusal{reason}, then close
 
@@ -17,15 +17,15 @@ and refuses others before reading a byte. The fd sent is read-only (``_arena.py`
 States
 ------
 *pending* (accepted, Hello not complete; at most ``hello_timeout`` s) -> *offered* (fd and
-session token sent, connection open) -> *gone* (EOF or error). A pending connection that
+member token sent, connection open) -> *gone* (EOF or error). A pending connection that
 closes, sends garbage, stays silent or names an invalid rank is dropped and counted; it
 never delays another connection, since one thread serves all of them without blocking.
 
 Transitions
 -----------
-EOF on an offered connection means that process died or closed: ``on_gone(session)`` runs
-once, and the producer releases what that session held. :meth:`HandoverServer.drop` closes
-a session's connection from the producer's side (eviction, replacement); the consumer sees
+EOF on an offered connection means that process died or closed: ``on_gone(member)`` runs
+once, and the producer releases what that member held. :meth:`HandoverServer.drop` closes
+a member's connection from the producer's side (eviction, replacement); the consumer sees
 EOF and reports ``PeerGone``.
 
 Invariants
@@ -85,7 +85,7 @@ class Hello(msgspec.Struct, frozen=True, tag=True):
 class Offer(msgspec.Struct, frozen=True, tag=True):
     arena_id: str
     size: int
-    session: bytes = b""
+    member: bytes = b""
     """The token this process joins the channel with; it ties leases to this process."""
     pool: PoolOffer | None = None
     """The producer's device pool, if it has one; a ``posix_fd`` pool's fd is the second fd."""
@@ -99,7 +99,7 @@ _DEC = msgspec.msgpack.Decoder(Hello | Offer | Refusal)
 _ENC = msgspec.msgpack.Encoder()
 
 Admit = Callable[[Hello, int], "Offer | Refusal"]
-"""The producer's decision on a Hello from process ``pid``: an offer (a new session) or why not."""
+"""The producer's decision on a Hello from process ``pid``: an offer (a new member) or why not."""
 
 
 def peer_credentials(conn: socket.socket) -> tuple[int, int, int]:
@@ -122,7 +122,7 @@ class HandoverServer:
     """Accepts consumer processes, checks their credentials, and sends them the arena fd.
 
     One daemon thread serves every connection without blocking on any of them. ``admit``
-    decides on each complete Hello; ``on_gone(session)`` is called once when an offered
+    decides on each complete Hello; ``on_gone(member)`` is called once when an offered
     connection closes.
     """
 
@@ -249,11 +249,11 @@ class HandoverServer:
             socket.send_fds(conn, [_frame(_ENC.encode(reply))], self._fds)
         except OSError:
             conn.close()
-            self._on_gone(reply.session)
+            self._on_gone(reply.member)
             return
         conn.setblocking(False)
         with self._lock:
-            self._offered[conn] = reply.session
+            self._offered[conn] = reply.member
 
     def _check_gone(self, conn: socket.socket) -> None:
         try:
@@ -265,18 +265,18 @@ class HandoverServer:
         if data:
             return  # consumers send nothing after Hello; noise is read and ignored
         with self._lock:
-            session = self._offered.pop(conn, None)
+            member = self._offered.pop(conn, None)
         conn.close()
-        if session is not None:
-            self._on_gone(session)
+        if member is not None:
+            self._on_gone(member)
 
     def _discard(self, conn: socket.socket) -> None:
         """Forget a connection whatever its state (after an unexpected error on it)."""
         with self._lock:
-            session = self._offered.pop(conn, None)
+            member = self._offered.pop(conn, None)
         self._close_pending(conn)
-        if session is not None:
-            self._on_gone(session)
+        if member is not None:
+            self._on_gone(member)
 
     def _expire(self) -> None:
         now = time.monotonic()
@@ -316,10 +316,10 @@ class HandoverServer:
 
     # -- the producer's side ----------------------------------------------------------
 
-    def drop(self, session: bytes) -> None:
-        """Close ``session``'s connection (without ``on_gone``): its process sees EOF."""
+    def drop(self, member: bytes) -> None:
+        """Close ``member``'s connection (without ``on_gone``): its process sees EOF."""
         with self._lock:
-            self._drops.append(session)
+            self._drops.append(member)
         with contextlib.suppress(OSError):
             os.write(self._wake_w, b"x")
 
@@ -372,7 +372,7 @@ class Handover(NamedTuple):
     fd: int
     arena_id: str
     size: int
-    session: bytes
+    member: bytes
     pool: PoolOffer | None
     pool_fd: int | None
 
@@ -439,7 +439,7 @@ def receive_arena(
         fds[0],
         reply.arena_id,
         reply.size,
-        reply.session,
+        reply.member,
         reply.pool,
         fds[1] if want == 2 else None,
     )

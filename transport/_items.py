@@ -51,7 +51,7 @@ Payload = CpuRef | InlineRef | CudaIpcRef | FabricRef
 
 @dataclass(frozen=True)
 class Item:
-    """One payload of a request, as the producer hands it to :meth:`CpuProducer.publish`.
+    """One payload of a request, as the producer hands it to :meth:`Producer.publish`.
 
     Attributes:
         data: a numpy array, a torch tensor, a PIL image or encoded image bytes. For raw

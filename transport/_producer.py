@@ -4,7 +4,7 @@ Layout
 ------
 Control plane, one zmq ROUTER (producer) and one DEALER per consumer process::
 
-    consumer -> producer   msgpack Join{rank, shared, session, replace}   once
+    consumer -> producer   msgpack Join{rank, shared, member, replace}   once
     producer -> consumer   [header, inline frames...]                     one batch per request
     producer -> consumer   [NOTICE, reason]                               a refusal, an end, a ping
     consumer -> producer   msgpack Release{lease, generation}             once per lease
@@ -15,28 +15,28 @@ whose frames are the arena slices themselves, sent without copying.
 
 States
 ------
-Per lease: *live, pending = {owner sessions}* -> *free* when the pending set empties. A remote
-session's part is pending until zmq's send tracker reports its frames sent.
-Per session (``_control.py``): *handed over* -> *joined* -> *ended*.
+Per lease: *live, pending = {owner members}* -> *free* when the pending set empties. A remote
+member's part is pending until zmq's send tracker reports its frames sent.
+Per member (``_control.py``): *handed over* -> *joined* -> *ended*.
 
 Transitions
 -----------
 * ``publish``: check the whole request (``_items.py``), allocate (waiting for releases up to
   ``full_timeout``, then ``ArenaFull`` or the inline fallback), write each payload once,
-  publish the lease, send the batch to every joined session.
-* a send to a session whose queue is full (``max_backlog`` batches) waits for it, up to
-  ``slow_consumer_timeout`` s; then that session is ended (evicted) and logged.
-* ``Release`` from a session: it leaves the lease's pending set; anything else is dropped.
-* a session ends (its process exits, it is evicted, replaced, never joins, or holds a lease
+  publish the lease, send the batch to every joined member.
+* a send to a member whose queue is full (``max_backlog`` batches) waits for it, up to
+  ``slow_consumer_timeout`` s; then that member is ended (evicted) and logged.
+* ``Release`` from a member: it leaves the lease's pending set; anything else is dropped.
+* a member ends (its process exits, it is evicted, replaced, never joins, or holds a lease
   past ``lease_timeout``): every lease pending on it is released, its handover connection
   closed.
 
 Invariants
 ----------
-* A publish either reaches every joined session, or raises; it never reports success for a
+* A publish either reaches every joined member, or raises; it never reports success for a
   batch that a consumer it names will not get. A failed publish leaves nothing allocated.
 * The control thread processes joins, releases, finished sends and timeouts whether or not
-  the application calls :meth:`CpuProducer.poll`; every use of the zmq socket is under one
+  the application calls :meth:`Producer.poll`; every use of the zmq socket is under one
   lock, and nothing blocks while holding it.
 * No pickle anywhere; every received message goes through a typed decoder.
 """
@@ -63,7 +63,7 @@ import zmq
 
 from ._arena import ARENA_HEADER, LEASE_HEADER, Arena, ArenaStatistics, Lease
 from ._codec import Limits, encode_batch
-from ._control import NOTICE, CurveKeys, Join, Session, Sessions, decode_control
+from ._control import NOTICE, CurveKeys, Join, Member, Members, decode_control
 from ._errors import (
     ArenaFull,
     ClosedResourceError,
@@ -76,7 +76,7 @@ from ._items import Item, PreparedItem, check_request, envelope, prepare, valida
 from ._schema import CpuRef, CudaIpcRef, FabricRef, FeatureEnvelope, InlineRef
 from ._select import BackendChoice
 
-__all__ = ["CpuProducer", "ProducerStatistics"]
+__all__ = ["Producer", "ProducerStatistics"]
 
 _log = logging.getLogger("mmwire.transport")
 
@@ -102,21 +102,21 @@ class ProducerStatistics:
     """Processes refused the arena (credentials, a malformed or missing hello, a held rank)."""
     device_pool: DevicePoolStatistics | None = None
     """The device pool's use, when the producer has one."""
-    sessions_ended: int = 0
-    """Consumer sessions that ended (exited, evicted, replaced or never joined)."""
+    members_ended: int = 0
+    """Consumer members that ended (exited, evicted, replaced or never joined)."""
     evictions: int = 0
-    """Sessions ended by the producer: a queue full past ``slow_consumer_timeout`` or a
+    """Members ended by the producer: a queue full past ``slow_consumer_timeout`` or a
     lease held past ``lease_timeout``."""
     joins_refused: int = 0
-    """Join messages refused (no session, a held rank, a foreign key)."""
+    """Join messages refused (no member, a held rank, a foreign key)."""
     messages_dropped: int = 0
-    """Channel messages that were not control messages, or came from no joined session."""
+    """Channel messages that were not control messages, or came from no joined member."""
     releases_ignored: int = 0
-    """Releases that matched no lease this session holds (stale, repeated or forged)."""
+    """Releases that matched no lease this member holds (stale, repeated or forged)."""
 
 
 @final
-class CpuProducer:
+class Producer:
     """The tokenizer/encoder side: owns the arena, the handover socket and the channel.
 
     Args:
@@ -213,10 +213,10 @@ class CpuProducer:
         self._max_backlog = max_backlog
         self._lock = threading.RLock()
         self._activity = threading.Condition(self._lock)
-        self._sessions = Sessions(self._session_ended)
+        self._members = Members(self._member_ended)
         self._remote_ok = tcp
         self._curve = curve is not None
-        self._trackers: list[tuple[zmq.MessageTracker, int, int, Session]] = []
+        self._trackers: list[tuple[zmq.MessageTracker, int, int, Member]] = []
         self._inline_fallbacks = 0
         self._warned_inline = False
         self._counts = {"ended": 0, "evicted": 0, "joins": 0, "dropped": 0, "ignored": 0}
@@ -276,39 +276,39 @@ class CpuProducer:
 
     @property
     def handover_path(self) -> str:
-        """The Unix socket consumers on this host pass to :class:`CpuConsumer`."""
+        """The Unix socket consumers on this host pass to :class:`Consumer`."""
         return self.handover.path
 
-    # -- sessions ---------------------------------------------------------------------
+    # -- members ---------------------------------------------------------------------
 
     def _admit(self, hello: Hello, pid: int) -> Offer | Refusal:
         """The handover thread's question: may process ``pid`` take ``hello.rank``?"""
         with self._lock:
             if self.closed:
                 return Refusal(reason="the producer is closing")
-            got = self._sessions.offer(hello.rank, pid, hello.replace)
+            got = self._members.offer(hello.rank, pid, hello.replace)
             if isinstance(got, str):
                 return Refusal(reason=got)
             _log.info("mmwire: %s received the arena", got)
             return Offer(
                 arena_id=self.arena.id,
                 size=self.arena.size,
-                session=got.token,
+                member=got.token,
                 pool=self._device.offer,
             )
 
     def _handover_closed(self, token: bytes) -> None:
         with self._lock:
-            s = self._sessions.by_token(token)
+            s = self._members.by_token(token)
             if s is not None:
-                self._sessions.end(s, "its process closed the handover connection")
+                self._members.end(s, "its process closed the handover connection")
             self._activity.notify_all()
 
-    def _session_ended(self, s: Session, why: str) -> None:
-        """Release what an ended session held (under the lock, from ``Sessions.end``)."""
+    def _member_ended(self, s: Member, why: str) -> None:
+        """Release what an ended member held (under the lock, from ``Members.end``)."""
         held = self.arena.release_holder(s.id)
         self._trackers = [t for t in self._trackers if t[3] is not s]
-        if self._sessions.of_rank(s.rank) is None:
+        if self._members.of_rank(s.rank) is None:
             self._device.rank_gone(s.rank)
         if s.local:
             self.handover.drop(s.token)
@@ -321,9 +321,9 @@ class CpuProducer:
         level = logging.INFO if why.startswith("its process closed") else logging.WARNING
         _log.log(level, "mmwire: %s is gone: %s; %d leases released", s, why, held)
 
-    def _evict(self, s: Session, why: str) -> None:
+    def _evict(self, s: Member, why: str) -> None:
         self._counts["evicted"] += 1
-        self._sessions.end(s, why)
+        self._members.end(s, why)
 
     # -- the control thread -----------------------------------------------------------
 
@@ -369,7 +369,7 @@ class CpuProducer:
         now = time.monotonic()
         if now - self._last_sweep > 0.25:
             self._last_sweep = now
-            self._sessions.expire(self.join_timeout)
+            self._members.expire(self.join_timeout)
             if self.lease_timeout is not None:
                 self._expire_leases(self.lease_timeout)
         if busy:
@@ -387,9 +387,9 @@ class CpuProducer:
         if isinstance(msg, Join):
             self._on_join(ident, msg, body)
             return
-        s = self._sessions.by_ident(ident)
+        s = self._members.by_ident(ident)
         if s is None:
-            self._drop("a release from no joined session")
+            self._drop("a release from no joined member")
         elif not self.arena.release(msg.lease, msg.generation, s.id):
             self._counts["ignored"] += 1
             self._note("release", f"{s} released a lease it does not hold (ignored)")
@@ -399,7 +399,7 @@ class CpuProducer:
         if self._curve:
             with contextlib.suppress(Exception):
                 key = body.get("User-Id").encode()
-        got = self._sessions.join(ident, msg, key, self._remote_ok, self._connected)
+        got = self._members.join(ident, msg, key, self._remote_ok, self._connected)
         if isinstance(got, str):
             self._counts["joins"] += 1
             self._note("join", f"refused a join: {got}")
@@ -411,8 +411,8 @@ class CpuProducer:
         _log.info("mmwire: %s joined the channel", got)
         self._activity.notify_all()
 
-    def _connected(self, s: Session) -> bool:
-        """Whether a session's channel connection is still up (a ping it ignores)."""
+    def _connected(self, s: Member) -> bool:
+        """Whether a member's channel connection is still up (a ping it ignores)."""
         if s.ident is None:
             return False
         try:
@@ -425,7 +425,7 @@ class CpuProducer:
 
     def _expire_leases(self, timeout: float) -> None:
         for lease in self.arena.overdue(timeout):
-            for s in [s for s in self._sessions.all() if s.id in lease.pending]:
+            for s in [s for s in self._members.all() if s.id in lease.pending]:
                 self._evict(
                     s,
                     f"it held the lease of request {lease.tag!r} for more than "
@@ -464,7 +464,7 @@ class CpuProducer:
         deadline = time.monotonic() + timeout
         while True:
             with self._lock:
-                missing = sorted(set(ranks) - {s.rank for s in self._sessions.joined()})
+                missing = sorted(set(ranks) - {s.rank for s in self._members.joined()})
             if not missing:
                 return
             if time.monotonic() > deadline:
@@ -496,18 +496,18 @@ class CpuProducer:
         with self._lock:
             self._service()
             owners = {r for item in items for r in item.consumers}
-            sessions = {s.rank: s for s in self._sessions.joined()}
-        missing = sorted(owners - set(sessions))
+            members = {s.rank: s for s in self._members.joined()}
+        missing = sorted(owners - set(members))
         if missing:
             raise PeerGone(
                 f"request {request_id!r} names consumer ranks {missing}, which have not joined "
-                f"(joined: {sorted(sessions)})"
+                f"(joined: {sorted(members)})"
             )
         placed: dict[int, tuple[CudaIpcRef | FabricRef, tuple[int, ...], str]] = {}
         lease: Lease | None = None
         try:
             for k, item in enumerate(items):
-                if all(sessions[r].shared for r in item.consumers):  # all on this host
+                if all(members[r].shared for r in item.consumers):  # all on this host
                     placement = self._device.place(item.data, item.consumers, self.poll)
                     if placement is not None:
                         placed[k] = placement
@@ -518,7 +518,7 @@ class CpuProducer:
             envs = self._checked_envelopes(request_id, prepared, placed)
             host = [k for k in range(len(items)) if k not in placed]
             if host:
-                holders = {sessions[r].id for k in host for r in items[k].consumers}
+                holders = {members[r].id for k in host for r in items[k].consumers}
                 try:
                     lease = self.arena.allocate(
                         [prepared[k].nbytes for k in host],
@@ -534,7 +534,7 @@ class CpuProducer:
                 envs = self._fill(lease, prepared, envs, host)
                 self.arena.publish(lease)
             with self._lock:
-                gone = [s for s in sessions.values() if s.gone and s.rank in owners]
+                gone = [s for s in members.values() if s.gone and s.rank in owners]
                 if gone:
                     raise PeerGone(
                         f"request {request_id!r}: {', '.join(map(str, gone))} went away "
@@ -602,22 +602,22 @@ class CpuProducer:
 
     def _deliver(
         self, envs: list[FeatureEnvelope], lease: Lease | None, frames: list[Any] | None = None
-    ) -> list[Session]:
-        """Send a batch to every joined session, waiting for full queues; the sessions that
+    ) -> list[Member]:
+        """Send a batch to every joined member, waiting for full queues; the members that
         did not get it (evicted, or gone while it waited).
 
         Called under the lock; releases it only while waiting, so the control thread keeps
-        serving releases. One thread publishes, so each session gets batches in order.
+        serving releases. One thread publishes, so each member gets batches in order.
         """
         shared_frames = encode_batch(envs) if frames is None else frames
-        waiting: list[tuple[Session, list[Any], bool]] = []
-        for s in list(self._sessions.joined()):
+        waiting: list[tuple[Member, list[Any], bool]] = []
+        for s in list(self._members.joined()):
             frames, track = self._frames_for(s, envs, shared_frames)
             if not self._try_send(s, frames, track, lease):
                 waiting.append((s, frames, track))
         deadline = time.monotonic() + self.slow_consumer_timeout
         pause = 0.0005
-        missed: list[Session] = []
+        missed: list[Member] = []
         while waiting:
             self._activity.wait(pause)  # releases the lock while it waits
             self._check_open()
@@ -636,14 +636,14 @@ class CpuProducer:
         return missed
 
     def _frames_for(
-        self, s: Session, envs: list[FeatureEnvelope], shared_frames: list[Any]
+        self, s: Member, envs: list[FeatureEnvelope], shared_frames: list[Any]
     ) -> tuple[list[Any], bool]:
         owned = [] if s.shared else [k for k, e in enumerate(envs) if s.rank in e.consumers]
         owned = [k for k in owned if isinstance(envs[k].payload, CpuRef)]
         if not owned:  # same host, or a remote rank that only needs the metadata
             return shared_frames, False
         # Another host: the slices of the items it owns go out as frames, zero-copy, and
-        # the lease stays pending for this session until zmq says the frames are sent.
+        # the lease stays pending for this member until zmq says the frames are sent.
         frame_of = {k: n for n, k in enumerate(owned)}
         remote_envs = [
             msgspec.structs.replace(e, payload=InlineRef(frame=frame_of[k])) if k in frame_of else e
@@ -652,9 +652,9 @@ class CpuProducer:
         slices = [self._arena_slice(envs[k]) for k in owned]
         return encode_batch(remote_envs, slices), True
 
-    def _try_send(self, s: Session, frames: list[Any], track: bool, lease: Lease | None) -> bool:
-        """Queue a batch for a session; False if its queue is full (nothing was sent)."""
-        ident = s.ident or b""  # joined sessions always have one
+    def _try_send(self, s: Member, frames: list[Any], track: bool, lease: Lease | None) -> bool:
+        """Queue a batch for a member; False if its queue is full (nothing was sent)."""
+        ident = s.ident or b""  # joined members always have one
         try:
             tracker = self._sock.send_multipart(
                 [ident, *frames], flags=zmq.NOBLOCK, copy=False, track=track
@@ -662,7 +662,7 @@ class CpuProducer:
         except zmq.Again:
             return False
         except zmq.ZMQError as e:  # EHOSTUNREACH: its connection is gone
-            self._sessions.end(s, f"its channel connection is gone ({e})")
+            self._members.end(s, f"its channel connection is gone ({e})")
             return True
         if track and tracker is not None and lease is not None:
             self._trackers.append((tracker, lease.start, lease.generation, s))
@@ -699,12 +699,12 @@ class CpuProducer:
         with self._lock:
             return ProducerStatistics(
                 arena=self.arena.statistics(),
-                consumers=tuple(sorted(s.rank for s in self._sessions.joined())),
+                consumers=tuple(sorted(s.rank for s in self._members.joined())),
                 inline_fallbacks=self._inline_fallbacks,
                 sends_in_flight=len(self._trackers),
                 handovers_refused=self.handover.refused,
                 device_pool=self._device.statistics(),
-                sessions_ended=self._counts["ended"],
+                members_ended=self._counts["ended"],
                 evictions=self._counts["evicted"],
                 joins_refused=self._counts["joins"],
                 messages_dropped=self._counts["dropped"],
@@ -719,7 +719,7 @@ class CpuProducer:
 
     def _check_open(self) -> None:
         if self.closed:
-            raise ClosedResourceError("this CpuProducer was closed")
+            raise ClosedResourceError("this Producer was closed")
 
     def close(self) -> None:
         """Stop serving and drop the producer's hold on the arena (idempotent)."""
@@ -742,7 +742,7 @@ class CpuProducer:
         os.close(self._wake_w)
         shutil.rmtree(self._dir, ignore_errors=True)
 
-    def __enter__(self) -> CpuProducer:
+    def __enter__(self) -> Producer:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -750,11 +750,11 @@ class CpuProducer:
 
     def __del__(self) -> None:
         if not getattr(self, "closed", True):
-            warnings.warn("unclosed CpuProducer", ResourceWarning, stacklevel=1)
+            warnings.warn("unclosed Producer", ResourceWarning, stacklevel=1)
 
 
-def _raise_if_lost(request_id: str, missed: list[Session], owners: set[int]) -> None:
-    """``PeerGone`` if a session that owns items of the request did not receive it."""
+def _raise_if_lost(request_id: str, missed: list[Member], owners: set[int]) -> None:
+    """``PeerGone`` if a member that owns items of the request did not receive it."""
     lost = sorted(s.rank for s in missed if s.rank in owners)
     if lost:
         raise PeerGone(

@@ -2,15 +2,15 @@
 
 Layout
 ------
-The channel and its messages are the producer's (``_producer.py``); the session rules are
+The channel and its messages are the producer's (``_producer.py``); the member rules are
 ``_control.py``'s. A consumer on the producer's host receives the arena once over the
-handover socket (``_handover.py``) with a session token, and joins the channel with it; a
+handover socket (``_handover.py``) with a member token, and joins the channel with it; a
 consumer on another host (``handover=None``) joins without one and receives the payloads of
 its own items as inline frames, through the same API.
 
 States
 ------
-*joined* -> *closed*, or *cut off*: the producer ended its session (the handover connection
+*joined* -> *closed*, or *cut off*: the producer ended its member (the handover connection
 closes, or a notice arrives) or went away; every later ``recv``/``open`` raises
 ``PeerGone``.
 
@@ -67,7 +67,7 @@ from ._schema import CpuRef, CudaIpcRef, FabricRef, FeatureEnvelope, InlineRef
 from ._views import _TORCH as _TORCH_DTYPES
 from ._views import numpy_view, torch_view
 
-__all__ = ["ConsumerStatistics", "CpuConsumer", "ReceivedBatch"]
+__all__ = ["Consumer", "ConsumerStatistics", "ReceivedBatch"]
 
 
 @dataclass(frozen=True)
@@ -102,12 +102,12 @@ class _Mapping:
 
 
 @final
-class CpuConsumer:
+class Consumer:
     """A scheduler rank's end: receives batches and opens its own items zero-copy.
 
     Args:
         rank: this consumer's rank (matches ``Item.consumers`` on the producer).
-        endpoint: the producer's channel endpoint (``CpuProducer.endpoint``).
+        endpoint: the producer's channel endpoint (``Producer.endpoint``).
         handover: the producer's handover socket path; ``None`` for a consumer on another
             host, which then gets payloads as inline frames through the same API.
         limits: ceilings for decoding untrusted batches.
@@ -142,19 +142,19 @@ class CpuConsumer:
         self._cut_off: str | None = None
         dev = None if device is None else torch.device(device)
         self._device = ConsumerDevice(None, None, dev)
-        session = b""
+        member = b""
         if handover is not None:
             h = receive_arena(handover, rank, replace=replace)
             self._handover_conn = h.conn
             self._mapping = _Mapping(h.fd, h.arena_id, h.size)
             self._device = ConsumerDevice(h.pool, h.pool_fd, dev)
-            session = h.session
+            member = h.member
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.SNDHWM, 1 << 20)  # releases are tiny; never block on them
         self._sock.setsockopt(zmq.RCVHWM, max_backlog)
-        self._sock.setsockopt(zmq.ROUTING_ID, session or secrets.token_bytes(16))
+        self._sock.setsockopt(zmq.ROUTING_ID, member or secrets.token_bytes(16))
         if curve_server_key is not None:
             keys = curve or CurveKeys.generate()
             self._sock.curve_serverkey = curve_server_key
@@ -162,7 +162,7 @@ class CpuConsumer:
             self._sock.curve_secretkey = keys.secret
         self._sock.connect(endpoint)
         self._unsent: collections.deque[bytes] = collections.deque()
-        join = Join(rank=rank, shared=self._mapping is not None, session=session, replace=replace)
+        join = Join(rank=rank, shared=self._mapping is not None, member=member, replace=replace)
         self._sock.send(ENCODER.encode(join))
         self._batches = 0
         self._opened = 0
@@ -172,7 +172,7 @@ class CpuConsumer:
 
     def producer_alive(self) -> bool:
         """False once the producer's handover connection has closed (it died, closed, or
-        ended this process's session), or it sent a notice that this session ended."""
+        ended this process's member), or it sent a notice that this member ended."""
         if self._cut_off is not None:
             return False
         conn = self._handover_conn
@@ -188,7 +188,7 @@ class CpuConsumer:
 
     def recv(self, timeout: float | None = None) -> ReceivedBatch:
         """The next batch; ``TimeoutError`` after ``timeout`` s, ``PeerGone`` if the producer
-        died or ended this session, ``HandoverRefused`` if it refused this rank's join.
+        died or ended this member, ``HandoverRefused`` if it refused this rank's join.
 
         A malformed batch raises its ``EnvelopeError`` and is dropped; the next call
         receives the next batch.
@@ -216,7 +216,7 @@ class CpuConsumer:
     def _gone_reason(self) -> str:
         if self._cut_off is not None:
             return f"rank {self.rank}: the producer {self._cut_off}"
-        return f"rank {self.rank}: the producer went away or ended this session"
+        return f"rank {self.rank}: the producer went away or ended this member"
 
     def decode(self, frames: Sequence[Any]) -> ReceivedBatch:
         """Validate a batch's frames (received by :meth:`recv` or by other means).
@@ -346,7 +346,7 @@ class CpuConsumer:
 
     def _check_open(self) -> None:
         if self.closed:
-            raise ClosedResourceError(f"CpuConsumer rank {self.rank} was closed")
+            raise ClosedResourceError(f"Consumer rank {self.rank} was closed")
 
     def close(self) -> None:
         """Close the channel and the handover connection (idempotent).
@@ -367,7 +367,7 @@ class CpuConsumer:
         self._mapping = None
         self._device.close()
 
-    def __enter__(self) -> CpuConsumer:
+    def __enter__(self) -> Consumer:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -383,7 +383,7 @@ class ReceivedBatch:
     after that the producer may reuse the bytes. Non-owned items can only be inspected.
     """
 
-    _consumer: CpuConsumer
+    _consumer: Consumer
     envelopes: GlobalTable[FeatureEnvelope]
     _frames: tuple[Any, ...]
     _leases: set[tuple[int, int]]

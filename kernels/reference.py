@@ -1,8 +1,14 @@
-"""Pillow's BICUBIC resize, exactly: coefficient tables (Q22) and a numpy reference.
+"""The exact Pillow reference math that the CPU pipeline and the CUDA kernels both keep.
 
-The tables are what the CUDA kernels upload; :func:`resize_reference` is an independent,
-vectorised re-implementation tested ``==`` against Pillow. The CPU pipeline itself calls
-Pillow (exact by definition, and it releases the GIL).
+It depends on numpy, torch and Pillow only, so ``mmwire.materialize`` (the CPU path) and the
+kernels' host code share it without importing each other.
+
+* BICUBIC: Q22 coefficient tables (what the CUDA kernels upload), the pass order of the
+  installed Pillow, and :func:`resize_reference`, an independent vectorised re-implementation
+  tested ``==`` against Pillow. The CPU pipeline itself calls Pillow (exact by definition,
+  and it releases the GIL).
+* Normalise: :func:`shared_normalise_table`, the per-channel 256-entry table of
+  ``(v/255 - mean) / std`` computed in float64 and rounded once to the output dtype.
 
 Facts (Pillow ``Resample.c``): Keys cubic with a = -0.5, support 2 widened by the
 downscale factor, taps outside the image dropped and the rest renormalised by their
@@ -20,8 +26,15 @@ from typing import Any, Literal
 
 import numpy as np
 import PIL
+import torch
 
-__all__ = ["Coefficients", "bicubic_coefficients", "pass_order", "resize_reference"]
+__all__ = [
+    "Coefficients",
+    "bicubic_coefficients",
+    "pass_order",
+    "resize_reference",
+    "shared_normalise_table",
+]
 
 PRECISION_BITS = 22
 
@@ -163,3 +176,16 @@ def resize_reference(
         out = _pass(src, cy, 0) if need_v else src
         out = _pass(out, cx, 1) if need_h else out
     return _unpremultiply(out) if rgba else out
+
+
+@lru_cache(maxsize=64)
+def shared_normalise_table(
+    mean: tuple[float, float, float], std: tuple[float, float, float], dtype: torch.dtype
+) -> torch.Tensor:
+    """``(3, 256)``: ``(v/255 - mean[c]) / std[c]`` in float64, rounded once to ``dtype``.
+
+    Cached and shared between callers: read it, never write it.
+    """
+    v = np.arange(256, dtype=np.float64)
+    table64 = np.stack([(v / 255.0 - mean[c]) / std[c] for c in range(3)])
+    return torch.from_numpy(table64).to(dtype)

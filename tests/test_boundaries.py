@@ -1,0 +1,102 @@
+"""The packages' import graph: no private imports across packages, no cycles, and the
+layers transport <- kernels <- materialize <- bench (kernels never imports materialize)."""
+
+from __future__ import annotations
+
+import ast
+import warnings
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("transport", "materialize", "kernels", "bench")
+# each package and the packages it may import
+ALLOWED = {
+    "transport": set(),
+    "kernels": {"transport"},
+    "materialize": {"transport", "kernels"},
+    "bench": {"transport", "kernels", "materialize"},
+}
+
+
+def _imports() -> dict[str, set[str]]:
+    """``mmwire.pkg.module`` -> the ``mmwire`` modules it imports (function-level ones too)."""
+    graph: dict[str, set[str]] = {}
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).glob("*.py")):
+            name = f"mmwire.{pkg}.{path.stem}".removesuffix(".__init__")
+            found: set[str] = set()
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom):
+                    if node.level:
+                        base = f"mmwire.{pkg}"
+                        target = f"{base}.{node.module}" if node.module else base
+                    else:
+                        target = node.module or ""
+                    found.add(target)
+                elif isinstance(node, ast.Import):
+                    found.update(a.name for a in node.names)
+            graph[name] = {t for t in found if t.startswith("mmwire.")}
+    return graph
+
+
+GRAPH = _imports()
+
+
+def test_the_graph_sees_every_package() -> None:
+    assert {m.split(".")[1] for m in GRAPH} == set(PACKAGES)
+    assert "mmwire.kernels._descriptors" in GRAPH["mmwire.kernels"]
+
+
+def test_no_package_imports_another_packages_private_module() -> None:
+    bad = [
+        (m, t)
+        for m, targets in GRAPH.items()
+        for t in targets
+        if t.split(".")[1] != m.split(".")[1] and any(p.startswith("_") for p in t.split(".")[2:])
+    ]
+    assert bad == []
+
+
+def test_packages_import_only_the_layers_below_them() -> None:
+    bad = [
+        (m, t)
+        for m, targets in GRAPH.items()
+        for t in targets
+        if t.split(".")[1] != m.split(".")[1] and t.split(".")[1] not in ALLOWED[m.split(".")[1]]
+    ]
+    assert bad == []
+
+
+def test_no_module_import_cycles() -> None:
+    # a package's __init__ re-exports its modules; the cycles that matter are among modules
+    modules = {m: {t for t in ts if t in GRAPH and t.count(".") != 1} for m, ts in GRAPH.items()}
+    state: dict[str, int] = {}
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for t in modules[m]:
+            if state.get(t) == 1:
+                pytest.fail(" -> ".join([*path[path.index(t) :], t]))
+            if t not in state:
+                visit(t, [*path, t])
+        state[m] = 2
+
+    for m in modules:
+        if m not in state:
+            visit(m, [m])
+
+
+@pytest.mark.parametrize(("old", "new"), [("CpuProducer", "Producer"), ("CpuConsumer", "Consumer")])
+def test_renamed_classes_keep_their_old_names_with_a_warning(old: str, new: str) -> None:
+    import mmwire.transport as transport
+
+    with pytest.warns(DeprecationWarning, match=f"{old} is now {new}"):
+        cls = getattr(transport, old)
+    assert cls is getattr(transport, new)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        getattr(transport, new)
+    with pytest.raises(AttributeError):
+        transport.NoSuchThing  # noqa: B018
