@@ -1,22 +1,26 @@
 """mmwire.kernels: CuPy raw CUDA kernels for the owner's GPU pixel pipeline.
 
-``pixels.cu`` holds the kernels: a Pillow-exact BICUBIC resize (Q22 integer weights from
-the host, a uint8 intermediate, premultiplied RGBA) fused with the background composite,
-zero pad, normalise and patchify, tile by tile in shared memory, for many images of
-different sizes per launch; on compute capability 8.0+ the resize passes of images resized
-on both axes run exactly on the int8 tensor cores. ``resize`` and ``preprocess`` are the entry
-points; the CUDA ``Materializer`` backend uses ``preprocess_packed`` on the images it
-uploads. CuPy is needed only to launch (``mmwire[cuda12]`` / ``mmwire[cuda13]``).
+``pixels.cu`` and the ``.cuh`` headers it includes hold the kernels: a Pillow-exact
+BICUBIC resize (Q22 integer weights from the host, a uint8 intermediate, premultiplied RGBA)
+fused with the background composite, zero pad, normalise and patchify, tile by tile in
+shared memory, for many images of different sizes per launch; on compute capability 8.0+
+the resize passes of images resized on both axes run exactly on the int8 tensor cores.
+``resize`` and ``preprocess`` are the entry points; the CUDA ``Materializer`` backend uses
+``preprocess_packed`` on the images it uploads. What the kernels share with the host is set
+once, in Python, and passed to the compiler (``compile_options``). CuPy is needed only to
+launch (``mmwire[cuda12]`` / ``mmwire[cuda13]``).
 """
 
-from ._descriptors import FIELDS as FIELDS
-from ._descriptors import RECORD_FIELDS as RECORD_FIELDS
+from ._abi import FIELDS as FIELDS
+from ._abi import RECORD_FIELDS as RECORD_FIELDS
+from ._abi import compile_options as compile_options
 from ._descriptors import ImageJob as ImageJob
 from ._descriptors import Layout as Layout
 from ._descriptors import layout_of as layout_of
 from ._launch import SOURCE as SOURCE
 from ._launch import CupyLauncher as CupyLauncher
 from ._launch import Launcher as Launcher
+from ._launch import kernel_source as kernel_source
 from ._ops import pack as pack
 from ._ops import preprocess as preprocess
 from ._ops import preprocess_packed as preprocess_packed
@@ -32,6 +36,8 @@ __all__ = [
     "ImageJob",
     "Launcher",
     "Layout",
+    "compile_options",
+    "kernel_source",
     "layout_of",
     "pack",
     "preprocess",

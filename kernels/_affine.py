@@ -7,7 +7,7 @@ in shared memory. For bf16 and fp16 they can instead compute ``fma(v, a, b)`` in
 round it once to the 16-bit type, which takes fewer instructions and no shared loads; but
 that is only the same bytes if it is for every ``v``. So the host tries it on all 768 bytes
 of a table, exactly as the GPU rounds, and puts ``a`` and ``b`` in the header only where
-every one matches (``NORM_*`` in ``pixels.cu``). Anything else keeps the table.
+every one matches (``AffineNorm`` in ``patches.cuh``). Anything else keeps the table.
 
 The kernels read a byte ``v`` as the fp32 whose bits 16..23 it is, ``v 2^-133`` exactly,
 which saves the subtraction that ``2^23 + v`` would need; so the header holds
@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from mmwire.kernels.reference import shared_normalise_table
 
-from ._descriptors import NORM_HEADER, NORM_STRIDE, NORM_VALUES
+from ._abi import NORM_HEADER, NORM_STRIDE, NORM_VALUES
+from .reference import shared_normalise_table
 
 __all__ = ["BYTE_SCALE", "NORM_HEADER", "NORM_STRIDE", "NORM_VALUES", "affine_form", "table_rows"]
 

@@ -1,7 +1,7 @@
 """Host side of one kernel launch: the per-image descriptor rows and the Q22 tables.
 
-Pure numpy, so CI checks it without a GPU. The field order mirrors ``enum Field`` in
-``pixels.cu`` (a test reads the enum and compares).
+Pure numpy, so CI checks it without a GPU. The rows' and records' field orders are
+``_abi``'s, which the kernels are compiled with.
 """
 
 from __future__ import annotations
@@ -9,11 +9,22 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 from mmwire.transport import Background
 
+from ._abi import (
+    FIELDS,
+    KINDS,
+    MMA_GROUP_SHIFT,
+    MMA_KS,
+    MMA_MAX_BLOCKS,
+    NORM_STRIDE,
+    RECORD_FIELDS,
+    RECORD_FLAGS,
+    Kind,
+)
 from .reference import bicubic_coefficients, pass_order
 
 __all__ = [
@@ -32,154 +43,52 @@ __all__ = [
     "layout_of",
 ]
 
-NORM_VALUES = 3 * 256
-NORM_HEADER = 16
-"""Elements of the output's storage type after each normalise table: ``(u32 mode, f32
-a[3], f32 b[3])`` and padding (32 bytes after a 16-bit table, 64 after an fp32 one), the
-same count for every type so the descriptors do not depend on it (``_affine``)."""
-NORM_STRIDE = NORM_VALUES + NORM_HEADER
-"""A table's elements with its header: the ``TABLE`` field steps by this."""
-
-FIELDS: tuple[str, ...] = (
-    "SRC_OFF",
-    "IN_W",
-    "IN_H",
-    "CH",
-    "OUT_W",
-    "OUT_H",
-    "PASS1",
-    "PASS2",
-    "MID_OFF",
-    "MID_W",
-    "MID_H",
-    "MID_ROW",
-    "PATCH_START",
-    "GRID_W",
-    "PREMUL",
-    "BG",
-    "BG_SQUARE",
-    "BG_TOP_LEFT_WHITE",
-    "BG_WHITE",
-    "BG_GRAY",
-    "X_XMIN",
-    "X_N",
-    "X_K",
-    "X_KSIZE",
-    "Y_XMIN",
-    "Y_N",
-    "Y_K",
-    "Y_KSIZE",
-    "OUT_ROW",
-    "OUT_OFF",
-    "TABLE",
-    "ROW",
-    "GRID_H",
-    "TILE_START",
-    "TILES_W",
-    "TILED",
-    "TILE_PH",
-    "TILE_PW",
-)
 _F = {name: i for i, name in enumerate(FIELDS)}
-RECORD_FIELDS: tuple[str, ...] = (
-    "R_IMAGE",
-    "R_SRC_LO",
-    "R_SRC_HI",
-    "R_ROW_BYTES",
-    "R_USED_W",
-    "R_USED_H",
-    "R_X_SPANS",
-    "R_Y_SPANS",
-    "R_X_WORDS",
-    "R_Y_WORDS",
-    "R_TILE_H",
-    "R_TILE_W",
-    "R_GY0",
-    "R_GX0",
-    "R_PATCH",
-    "R_GRID_W",
-    "R_TABLE",
-    "R_FLAGS",
-    "R_PAD0",
-    "R_PAD1",
-)
-"""An MMA or plain tile's record (``enum Record`` in ``pixels.cu``): what its block would
-otherwise work out from the descriptor (and for MMA the spans) before it could stage its
-window or read its pixels, so that starts after one load. A plain tile's has no spans or
-fragments, and ``R_PLAIN`` its only flag; its ``R_SRC_*`` is its first pixel and
-``R_USED_*`` the part of it inside the image."""
 _R = {name: i for i, name in enumerate(RECORD_FIELDS)}
-_TWO_STEPS, _V_FIRST, _WHOLE, _RAW, _PLAIN = 1, 2, 4, 8, 16  # R_FLAGS (R_PLAIN: a plain tile)
-_X_NARROW, _Y_NARROW = 32, 64
+_TWO_STEPS, _V_FIRST, _WHOLE, _RAW, _PLAIN, _X_NARROW, _Y_NARROW = (
+    RECORD_FLAGS[f"R_{name}"]
+    for name in ("TWO_STEPS", "V_FIRST", "WHOLE", "RAW", "PLAIN", "X_NARROW", "Y_NARROW")
+)
 _NONE, _HORIZONTAL, _VERTICAL = 0, 1, 2
 _SOLID = {"white": 255, "gray": 128, "black": 0}
 
-Kind = Literal["general", "plain", "mma", "mixed"]
-KINDS: dict[Kind, int] = {"general": 0, "plain": 1, "mma": 2, "mixed": 3}
-"""The fused kernel's kinds (``enum Kind`` in ``pixels.cu``): the general kernel; ``plain``
-for unresized TILED images (no resize code); ``mma`` for images resized on both axes with an
-even patch (the passes on the int8 tensor cores; RGBA premultiplied on staging and composited
-on the way out); ``mixed``, one launch of a channel count's plain and MMA tiles (their
-records say which: ``R_PLAIN``), where ``layout_of`` is asked to merge them (as
-``preprocess_packed`` always does). A mixed launch's gray and RGB plain tiles stage their rows
-with ``cp.async`` (all loads in flight at once) in every type, so they run well at the MMA
-blocks' three a multiprocessor, beside them: the 8-image mixed batch 2.5 µs faster in fp32 on
-the H200 (bench/results/20261201-mixed-launch). The 16-bit types gain only with both their
-plain tiles staged and ``MIXED_PLAIN_TILE`` (bench/results/20261201-staged-plain)."""
 MIXED_TAIL = 0.25
 """Where a mixed launch's MMA tiles end among its plain tiles: the MMA tiles' sort keys
 spread over ``[0, 1 - MIXED_TAIL)``, so the plain tiles whose keys (``MIXED_PLAIN_GAMMA``)
-are past that come after every MMA tile and fill the multiprocessors the MMA tiles' last wave
-leaves. Once 0.2 (0.3 best of 0, 0.3, 0.6 and 1; with ``MIXED_PLAIN_TILE``, 0.2 0.9-1.0 µs
-faster than 0.3 in fp32 and 0.3-0.6 µs in bf16, bench/results/20261201-staged-plain); 0.25
-with ``MIXED_PLAIN_GAMMA`` 1.4 (below)."""
+are past that come after every MMA tile and fill the multiprocessors the MMA tiles' last
+wave leaves idle."""
 MIXED_PLAIN_GAMMA = 1.4
 """Plain tile ``j`` of ``n`` of a mixed launch sorts at ``((j + 1/2) / n) ** MIXED_PLAIN_GAMMA``:
 above 1 the plain tiles come earlier among the MMA tiles, and with ``MIXED_TAIL`` 0.25
-(1 - 0.75 ** (1 / 1.4)), about 19 %, come after the last MMA tile. Against 1 and 0.2 the
-8-image mixed batch ran 0.3 µs (bf16) and 0.8 µs (fp32) faster in three H200 A/B rounds, and
-0.6 and 1.2 µs faster in the kernels bench of the same call; 1.2, 1.4, 1.7 and 2 with 0.2
-were level in bf16, 1.4 with 0.2 0.5-0.6 µs faster in fp32 (bench/results/20261202-session39)."""
+(1 - 0.75 ** (1 / 1.4)), about 19 % come after the last MMA tile."""
 MIXED_PLAIN_TILE = (8, 4)
 """The plain tiles' shape (patches down, across) in a mixed launch (``TILE_PIXELS``' 4 x 4
-in a plain launch): fewer, larger tiles beside the MMA tiles made the 8-image mixed batch
-about 2 µs faster in both types on the H200, and 4 x 8 and 8 x 8 less so; in a plain launch
-8 x 4 was 1 µs slower (bench/results/20261201-staged-plain)."""
+in a plain launch): beside MMA tiles, fewer and larger plain tiles keep the launch's tail
+short."""
 MMA_TILE_OVERHEAD = 240
 """A tile's fixed cost (its record, staging latency, pass set-up, barriers) in the MMA
 measure's units, products of 128 outputs (all channels'): ``_mma_tile_for`` minimises the
-tiles' products plus this a tile. On the H200 a least-squares fit of 28 forced shapes of
-four batches put about 7 µs on 1000 tiles and 9-11 µs on a million IMMAs (three a
-product): 214-270 products a tile (bench/results/20261202-mma-tile-shapes)."""
+tiles' products plus this a tile. It is fitted to the H200's times of forced tile shapes:
+about 7 µs a thousand tiles against 9-11 µs a million IMMAs (three a product)."""
 MMA_TILE_SIDE = 128
-"""The most canvas pixels along an MMA tile's side: with 4 x 10 patches of 14 (140 pixels
-wide, the least estimated work) the resized seed batch ran 2.2-2.7 µs slower in fp32 and
-0.6-1.0 µs slower in bf16 than with 4 x 9 on the H200 (bench/results/20261202-mma-tile-shapes)."""
+"""The most canvas pixels along an MMA tile's side: larger tiles have less estimated work
+but stage wider windows, which the measure does not see."""
 MMA_TILE_TALL, MMA_TILE_WIDE = 2, 4.5
 """How much taller than wide, and wider than tall, an MMA tile may be (in patches): of a
-shape and its transpose, the taller ran 0.4-4.3 µs slower on the H200 in all six pairs
-measured (8 x 2 against 2 x 8, 5 x 2 against 2 x 5, ...; its window has more, shorter rows
-to stage, which is likely why), and 4.5 lets in 2 x 8 for the 4000 x 3000 photo, its
-fastest (bench/results/20261202-mma-tile-shapes)."""
+shape and its transpose the taller is slower (its window has more, shorter rows to stage),
+and 4.5 lets in 2 x 8 for a 4000 x 3000 photo."""
 MMA_SMEM_BYTES = 143 * 512
 """The most shared memory one MMA tile's window planes (or output planes, which reuse them)
 and intermediate may take (more than 48 KiB makes the launcher opt in): 71.5 KiB, so three
-blocks a multiprocessor of 228 KiB (H100, H200) with the blocks' static 3.4 KiB (an fp32
-table with its header, and the descriptor row) and the 1 KiB the driver reserves for each.
-Larger tiles at two blocks measured slower on the H200 (bench/results/20261201-mma-weights);
-71.5 rather than 71 KiB lets the 8-image mixed batch's 4000 x 3000 photo take 2 x 8 tiles
-(bench/results/20261202-mma-tile-shapes)."""
-_MMA_STEPS = 2
-"""``MMA_KS`` in ``pixels.cu``: the most 32-input steps one block of 16 outputs may read
-(downscales to about 0.35 of a side); an image needing more takes the general kernel."""
-_MMA_MAX_BLOCKS = 16
-"""``MMA_MAX_BLOCKS``: the most 16-output blocks along one side of an MMA tile."""
+blocks a multiprocessor of 228 KiB (H100, H200; ``FUSED_MIN_BLOCKS``) with the blocks'
+static 3.4 KiB (an fp32 table with its header, and the descriptor row) and the 1 KiB the
+driver reserves for each. 71.5 rather than 71 KiB lets a 4000 x 3000 photo take 2 x 8
+tiles."""
 MMA_NARROW = True
 """Whether an MMA axis whose 16-output blocks take two 32-input steps takes blocks of 8
-outputs instead where each of those fits one step (``NarrowWeights`` in ``pixels.cu``: the
+outputs instead where each of those fits one step (``NarrowWeights`` in ``mma.cuh``: the
 pixels become the A operand, so a product covers 8 outputs of 16 lines): half the products
-and a quarter of the weight registers, for downscales of about 1.5 to 2.6 (the 8-image mixed
-batch's 4000 x 3000 photo)."""
+and a quarter of the weight registers, for downscales of about 1.5 to 2.6."""
 
 TILE_PIXELS = (64, 64)
 """About how many canvas rows and columns one block of the fused launch covers: a whole
@@ -380,7 +289,7 @@ def _general_measure(job: ImageJob, passes: tuple[int, int], patch: int) -> Meas
 
 
 def _plain_pitch(n: int) -> int:
-    """``plain_pitch`` in ``pixels.cu``: the row pitch of an unresized tile's pixels staged
+    """``plain_pitch`` in ``tiles.cuh``: the row pitch of an unresized tile's pixels staged
     as they are, for rows of ``n`` bytes (a skew of up to 15, whole 16-byte granules), 80 or
     112 past a multiple of 128 (the write-out's loads meet fewer bank conflicts)."""
     need = ((n + 30) >> 4) << 4
@@ -388,13 +297,8 @@ def _plain_pitch(n: int) -> int:
     return need + (80 - r if r <= 80 else 112 - r)
 
 
-_MMA_GROUP_SHIFT = 16
-"""``MMA_GROUP_SHIFT`` in ``pixels.cu``: how much further on each group of 8 rows of an MMA
-tile's raw window lies."""
-
-
 def _mma_pitch(n: int) -> int:
-    """``mma_pitch`` in ``pixels.cu``: the least row pitch >= n that is 16 past a multiple of 32."""
+    """``mma_pitch`` in ``mma.cuh``: the least row pitch >= n that is 16 past a multiple of 32."""
     return ((n + 15) & ~31) + 16
 
 
@@ -402,7 +306,7 @@ def _block_spans(c: Any, size: int, o0: Any, tile: int, block: int = 16) -> tupl
     """For tiles of ``tile`` outputs whose M-blocks of ``block`` outputs start at ``o0``
     (tiles, blocks), clipped to the tile and the axis (a block's outputs past them get no weights,
     so their taps are not the tile's): each block's first tap aligned down to 4 and its
-    32-input steps (the spans ``mma_pass`` in ``pixels.cu`` reads), and per tile the inputs
+    32-input steps (the spans ``mma_pass`` in ``mma.cuh`` reads), and per tile the inputs
     its blocks use from its first block's tap."""
     end = o0[:, :1] + tile - 1  # each tile's last output (its first block starts it)
     first = np.minimum(o0, size - 1)
@@ -458,7 +362,7 @@ def _mma_measure(job: ImageJob, patch: int, v_first: bool, raw: bool = False) ->
     def measure(tile: tuple[int, int]) -> tuple[int, float] | None:
         th, tw = tile[0] * patch, tile[1] * patch
         my, mx = -(-th // 16), -(-tw // 16)
-        if max(my, mx) > _MMA_MAX_BLOCKS:
+        if max(my, mx) > MMA_MAX_BLOCKS:
             return None
         tiles_h, tiles_w = -(-grid_h // tile[0]), -(-job.grid_w // tile[1])
         ur, sy = _axis_reach(job.in_h, job.out_h, th, tiles_h)
@@ -467,7 +371,7 @@ def _mma_measure(job: ImageJob, patch: int, v_first: bool, raw: bool = False) ->
         ny = _narrow(job.in_h, job.out_h, th, tiles_h)
         sx, sy = (1 if nx else sx), (1 if ny else sy)  # narrow blocks take one step
         ks = max(sx, sy)
-        if ks > _MMA_STEPS:
+        if ks > MMA_KS:
             return None
         # the first pass's lines (window rows, or columns when vertical first; a multiple of
         # its N-blocks': 16 narrow, 8 wide), its inputs a line and outputs; the second
@@ -477,13 +381,13 @@ def _mma_measure(job: ImageJob, patch: int, v_first: bool, raw: bool = False) ->
         lines = -(-(uc if v_first else ur) // align) * align
         inputs, m1 = (ur, my) if v_first else (uc, mx)
         # a plane of the window (later the second pass's bytes) and of the intermediate,
-        # and the slack after each (mma_tile in pixels.cu)
+        # and the slack after each (mma_tile in tiles.cuh)
         out, mid = 16 * my * _mma_pitch(tw), 16 * m1 * _mma_pitch(lines)
         need = job.ch * (max(lines * _mma_pitch(inputs), out) + mid) + 2 * 32 * ks
         if raw:  # or staged raw (one plane of rows, the lanes' reads reaching further; each
-            # group of 8 rows _MMA_GROUP_SHIFT further on): the larger of the two, as when
+            # group of 8 rows MMA_GROUP_SHIFT further on): the larger of the two, as when
             # the kernel staged planes from a source off a word (the tile shapes measured)
-            window = lines * _mma_pitch(job.ch * uc + 12) + lines // 8 * _MMA_GROUP_SHIFT
+            window = lines * _mma_pitch(job.ch * uc + 12) + lines // 8 * MMA_GROUP_SHIFT
             raw_need = max(window, job.ch * out) + job.ch * (mid + 32 * ks) + 16 + 32 * ks
             need = max(need, raw_need)
         first, second = (sy, sx) if v_first else (sx, sy)
@@ -531,14 +435,14 @@ def _mma_axis(
     Returns ``(spans, fragments)``. ``spans``: per tile ``1 + 2 mb`` int32 (``mb`` M-blocks
     of a whole tile): the inputs the tile's taps use from its first block's span, then each
     block's span ``(at, steps)``: its first tap aligned down to 4 and its 32-input steps
-    (what ``mma_pass`` in ``pixels.cu`` reads). ``fragments``: per block
-    ``(3, _MMA_STEPS, 32, 4)``, lane ``(g, t)``'s A words for byte plane ``q`` and step
+    (what ``mma_pass`` in ``mma.cuh`` reads). ``fragments``: per block
+    ``(3, MMA_KS, 32, 4)``, lane ``(g, t)``'s A words for byte plane ``q`` and step
     ``s`` in the PTX order of mma m16n8k32: word ``r`` holds output ``o0 + g + 8 (r & 1)``,
     inputs ``at + 32 s + 16 (r >> 1) + 4 t + 0..3`` (0 outside the taps, past the tile and
     past the axis), one 16-byte load a plane and step. Narrow: per block ``(3, 32, 2)``,
     lane ``(g, t)``'s B words for byte plane ``q``: word ``r`` holds output ``o0 + g``, inputs
     ``at + 16 r + 4 t + 0..3`` (every narrow block takes one step), one 8-byte load a plane.
-    ``rgb``: the first pass of an RGB image staged raw (``split_rgb8`` in ``pixels.cu``), whose
+    ``rgb``: the first pass of an RGB image staged raw (``split_rgb8`` in ``mma.cuh``), whose
     two words of a row's 32-input step (``at + 32 s + 4 t + 0..3``, ``16 +`` those) hold
     inputs ``4 t + (0, 1, 16, 17)`` and ``4 t + (2, 3, 18, 19)`` instead: the halves of
     each pair of words swapped across.
@@ -561,7 +465,7 @@ def _mma_axis(
     else:  # (tiles, mb, plane, step, lane, r)
         r = np.arange(4, dtype=i32)
         o = o0[:, :, None, None, None, None] + (lane >> 2)[:, None] + 8 * (r & 1)
-        step = 32 * np.arange(_MMA_STEPS, dtype=i32)[:, None, None]
+        step = 32 * np.arange(MMA_KS, dtype=i32)[:, None, None]
         first = at[:, :, None, None, None, None] + step + 16 * (r >> 1) + 4 * (lane & 3)[:, None]
     # the output and the word of it each fragment word holds, as an index into the flat words
     tile0 = o0[(slice(None), slice(0, 1)) + (None,) * (o.ndim - 2)]  # each tile's first output
@@ -877,7 +781,7 @@ def layout_of(
         need_h, need_v = job.out_w != job.in_w, job.out_h != job.in_h
         grid_h = job.patches // max(job.grid_w, 1)
         tile_h, tile_w, need = fit if fit is not None else (1, 1, 0)
-        if kind == "plain":  # its tile's rows as they are (plain_tile in pixels.cu)
+        if kind == "plain":  # its tile's rows as they are (plain_tile in tiles.cuh)
             plain_need = max(plain_need, tile_h * patch * _plain_pitch(tile_w * patch * job.ch))
         elif kind == "mma":
             mma_need = max(mma_need, need)

@@ -1,10 +1,9 @@
 """Loading ``pixels.cu`` with CuPy and launching it on torch's current stream.
 
 The module is compiled once per process, device and patch size (CuPy also caches the
-binary on disk): a module for one patch size has it as a constant (``MMWIRE_PATCH``), so
-its divisions by it become multiplies (the bf16 mixed batch ran 0.7-1.3 µs faster so:
-bench/results/20261202-affine-normalise). Buffers are torch tensors; CuPy sees them
-through ``__cuda_array_interface__`` without a copy, and the launches go on
+binary on disk), with the flags of ``compile_options``: a module for one patch size has it
+as a constant (``MMWIRE_PATCH``), so its divisions by it become multiplies. Buffers are
+torch tensors, passed as raw device pointers, and the launches go on
 ``torch.cuda.current_stream()`` so they order with the caller's torch work and need no
 synchronisation.
 """
@@ -12,6 +11,7 @@ synchronisation.
 from __future__ import annotations
 
 import ctypes
+import re
 from functools import cache
 from pathlib import Path
 from typing import Any, Protocol
@@ -20,11 +20,13 @@ import numpy as np
 import torch
 from mmwire.transport import BackendUnavailable
 
-from ._descriptors import KINDS, Kind
+from ._abi import KINDS, Kind, compile_options
 
-__all__ = ["SOURCE", "CupyLauncher", "Launcher"]
+__all__ = ["SOURCE", "CupyLauncher", "Launcher", "kernel_source"]
 
 SOURCE = Path(__file__).with_name("pixels.cu")
+"""The kernels' main file; it includes the ``.cuh`` headers beside it."""
+_INCLUDE = re.compile(r'^#include "([\w.]+)"\n', re.M)
 _FUSED = {
     (bits, ch, kind): f"fused<{t}, {ch}, {code}>"
     for bits, t in ((32, "unsigned int"), (16, "unsigned short"))
@@ -35,12 +37,32 @@ _FUSED = {
 Dims = tuple[int, int]
 
 
+def kernel_source() -> str:
+    """``pixels.cu`` with its headers inlined, each once: the one text NVRTC compiles (and
+    CuPy's cache keys on, so an edited header compiles anew)."""
+    seen: set[str] = set()
+
+    def inline(name: str) -> str:
+        if name in seen:
+            return ""
+        seen.add(name)
+        text = (SOURCE.parent / name).read_text().replace("#pragma once\n", "")
+        return _INCLUDE.sub(lambda m: inline(m.group(1)), text)
+
+    return inline(SOURCE.name)
+
+
 class Launcher(Protocol):
     """Runs the kernels of ``pixels.cu`` over flat buffers, on a 2-D grid of 2-D blocks."""
 
     @property
     def tensor_cores(self) -> bool:
         """Whether the fused kernel's MMA kind runs here (compute capability 8.0 or more)."""
+
+    @property
+    def affine_normalise(self) -> bool:
+        """Whether bf16 and fp16 launches compute the normalise step where the host proved
+        its affine form equal to the table (``_affine``); False: they read the tables."""
 
     def pass1(
         self,
@@ -95,11 +117,6 @@ class Launcher(Protocol):
         start while that one finishes (the kernel orders its end after that one's)."""
 
 
-PATCH_MODULES = True
-"""Whether the fused launches take a module compiled for their patch size; False runs every
-size through the one module that takes it as an argument (A/B runs)."""
-
-
 @cache
 def _module(device_index: int, patch: int = 0) -> Any:
     """``pixels.cu`` compiled for one device; for one patch size, or any (``patch`` 0)."""
@@ -111,8 +128,8 @@ def _module(device_index: int, patch: int = 0) -> Any:
         ) from e
     with cupy.cuda.Device(device_index):
         module = cupy.RawModule(
-            code=SOURCE.read_text(),
-            options=("-std=c++17", f"-DMMWIRE_PATCH={patch}"),
+            code=kernel_source(),
+            options=("-std=c++17", *compile_options(patch)),
             name_expressions=tuple(_FUSED.values()),
         )
         module.compile()
@@ -146,15 +163,28 @@ class CupyLauncher:
     (Kimi's 14 by default, so a serving process pays the compile at start, not on its first
     batch), any other at its first launch. The resize-only launches take the first module
     compiled.
+
+    ``patch_modules``: False runs every patch size through one module that takes it as an
+    argument (the same bytes; to compare the two). ``affine_normalise``: False makes bf16
+    and fp16 launches read the normalise tables as fp32 does (the same bytes).
     """
 
-    def __init__(self, device: torch.device, patches: tuple[int, ...] = (14,)) -> None:
+    def __init__(
+        self,
+        device: torch.device,
+        patches: tuple[int, ...] = (14,),
+        *,
+        patch_modules: bool = True,
+        affine_normalise: bool = True,
+    ) -> None:
         if device.type != "cuda":
             raise BackendUnavailable(f"the CUDA kernels need a CUDA device, got {device}")
         self._index = device.index if device.index is not None else torch.cuda.current_device()
         self.device = torch.device("cuda", self._index)
         self._functions: dict[tuple[str, int], Any] = {}  # (name, module's patch): kernel
-        self._modules = [p if PATCH_MODULES else 0 for p in patches] or [0]  # compiled here
+        self._patch_modules = patch_modules
+        self._affine_normalise = affine_normalise
+        self._modules = [p if patch_modules else 0 for p in patches] or [0]  # compiled here
         for patch in self._modules:
             _module(self._index, patch)
         self._streams: dict[int, Any] = {}
@@ -168,11 +198,15 @@ class CupyLauncher:
     def tensor_cores(self) -> bool:
         return self._tensor_cores
 
+    @property
+    def affine_normalise(self) -> bool:
+        return self._affine_normalise
+
     def _function(self, name: str, patch: int | None) -> tuple[Any, tuple[str, int]]:
         """The kernel ``name`` from the module for ``patch`` (None: the first compiled here)."""
         if patch is None:
             patch = self._modules[0]
-        elif not PATCH_MODULES:
+        elif not self._patch_modules:
             patch = 0
         key = (name, patch)
         fn = self._functions.get(key)

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from mmwire.transport import PreprocessSpec
 
+from ._abi import FUSED_THREADS, UNIT_BYTES
 from ._affine import table_rows
 from ._descriptors import (
     MMA_SMEM_BYTES,
@@ -38,9 +39,8 @@ __all__ = ["pack", "preprocess", "preprocess_packed", "resize", "resize_packed"]
 _BITS = {torch.float32: 32, torch.bfloat16: 16, torch.float16: 16}
 _STORAGE = {32: torch.int32, 16: torch.int16}
 _ROW_BLOCK = 128  # threads per block along an image row in the resize passes
-_FUSED_THREADS = 256  # FUSED_THREADS in pixels.cu: the fused kernel's largest block
 _MAX_GRID_X = 2**31 - 1
-_MMA_BLOCK = (32, _FUSED_THREADS // 32)  # the MMA kind's blocks are whole warps
+_MMA_BLOCK = (32, FUSED_THREADS // 32)  # the MMA kind's blocks are whole warps
 
 
 def _row_grid(rows: int, width: int) -> tuple[Dims, Dims]:
@@ -125,11 +125,6 @@ def _device_layout(layout: Layout, device: torch.device) -> _Views:
 @lru_cache(maxsize=16)
 def _default_launcher(device: torch.device) -> CupyLauncher:
     return CupyLauncher(device)
-
-
-NORM_AFFINE = True
-"""Whether bf16 and fp16 launches compute the normalise step where the host proved an
-affine form equal to the table (``_affine``); False keeps the tables (tests, A/B runs)."""
 
 
 @lru_cache(maxsize=64)
@@ -268,7 +263,7 @@ def preprocess_packed(
     if src.data_ptr() % 4:  # raw MMA windows (R_RAW) read the source's rows as words
         src = src.clone()
     device = src.device
-    if layout.tiles > _MAX_GRID_X or p > _FUSED_THREADS:
+    if layout.tiles > _MAX_GRID_X or p > FUSED_THREADS:
         raise ValueError(f"{layout.patches} patches of {p}x{p} do not fit one launch")
     if out is None:
         out = torch.empty((layout.patches, 3, p, p), dtype=dtype, device=device)
@@ -276,7 +271,7 @@ def preprocess_packed(
         _check_out(out, jobs, p, dtype, device)  # everything is checked before any launch
     run = _launcher_for(device, launcher)
     desc, tab, grids, tiles, records = _device_layout(layout, device)
-    table = _device_tables(plan.stats, dtype, device, NORM_AFFINE)
+    table = _device_tables(plan.stats, dtype, device, run.affine_normalise)
     # the global intermediate, when some image needs it (else the kernels never read it)
     mid = (
         torch.empty(layout.mid_bytes, dtype=torch.uint8, device=device) if layout.mid_bytes else src
@@ -333,16 +328,15 @@ def _smem(layout: Layout, kind: Kind, bits: int, channels: int) -> int:
 
 def _plain_stages(bits: int, channels: int, kind: Kind) -> bool:
     """Whether a launch's plain tiles stage their pixels in shared memory (``STAGE`` in
-    ``plain_tile``, ``pixels.cu``: gray and RGB, in fp32 in a plain launch and in every type
-    in a mixed one). The others read the source, so their launches ask for none (the same
-    speed on the H200: bench/results/20261201-plain-smem)."""
+    ``plain_tile``, ``tiles.cuh``: gray and RGB, in fp32 in a plain launch and in every type
+    in a mixed one). The others read the source, so their launches ask for none."""
     return channels != 4 and (bits == 32 or kind == "mixed")
 
 
 def _fused_block(p: int) -> tuple[int, int]:
     """The fused kernel's block: a thread a pixel pair of a patch row (p even), else a pixel."""
     across = p // 2 if p % 2 == 0 else p
-    return across, _FUSED_THREADS // across
+    return across, FUSED_THREADS // across
 
 
 def to_device(rows: Sequence[tuple[int, ...]], device: torch.device) -> torch.Tensor:
@@ -406,9 +400,6 @@ def resize(
     return resize_packed(src, shapes, sizes, pillow=pillow)
 
 
-_OUT_ALIGN = 8  # UNIT_BYTES in pixels.cu: the widest store, of fp32 pairs or 16-bit quads
-
-
 def _check_out(
     out: torch.Tensor, jobs: Sequence[ImageJob], p: int, dtype: torch.dtype, device: torch.device
 ) -> None:
@@ -416,8 +407,8 @@ def _check_out(
         raise ValueError(f"`out` must be a contiguous {dtype} tensor on {device}")
     if out.ndim != 4 or tuple(out.shape[1:]) != (3, p, p):
         raise ValueError(f"`out` must be (rows, 3, {p}, {p}), got {list(out.shape)}")
-    if out.data_ptr() % _OUT_ALIGN:  # the kernels store 8 bytes at a time
-        raise ValueError(f"`out` must start at a multiple of {_OUT_ALIGN} bytes")
+    if out.data_ptr() % UNIT_BYTES:  # the kernels store 8 bytes at a time
+        raise ValueError(f"`out` must start at a multiple of {UNIT_BYTES} bytes")
     spans, packed = [], 0
     for job in jobs:
         start = packed if job.row is None else job.row  # as layout_of places it

@@ -10,15 +10,15 @@ import subprocess
 from pathlib import Path
 
 import torch
-from mmwire.kernels import SOURCE
-from mmwire.kernels._descriptors import KINDS, Kind
+from mmwire.kernels import SOURCE, compile_options
+from mmwire.kernels._abi import KINDS, Kind
 
 HERE = Path(__file__).resolve().parent / "kernel_host"
 
 
 def build(out_dir: Path, patch: int = 0) -> Path:
     """Compile the host build of ``pixels.cu`` into ``out_dir``, for one patch size or any
-    (0: ``MMWIRE_PATCH``, as ``_launch._module``); returns the library path."""
+    (0), with the flags the library compiles the kernels with; returns the library path."""
     cxx = shutil.which("g++") or shutil.which("c++")
     if cxx is None:
         raise RuntimeError("a C++ compiler is needed to run the kernels on the CPU")
@@ -37,7 +37,7 @@ def build(out_dir: Path, patch: int = 0) -> Path:
             "-shared",
             "-fPIC",
             f'-DPIXELS_CU="{SOURCE}"',
-            f"-DMMWIRE_PATCH={patch}",
+            *compile_options(patch),
             "-I",
             str(HERE),
             str(HERE / "driver.cpp"),
@@ -62,7 +62,11 @@ class HostLauncher:
     """A ``mmwire.kernels.Launcher`` that runs the C++ build on CPU tensors."""
 
     def __init__(
-        self, lib: Path, block: tuple[int, int] = (5, 3), tensor_cores: bool = True
+        self,
+        lib: Path,
+        block: tuple[int, int] = (5, 3),
+        tensor_cores: bool = True,
+        affine_normalise: bool = True,
     ) -> None:
         self._lib = ctypes.CDLL(str(lib))
         self._lib.host_smem_overflows.restype = ctypes.c_ulong
@@ -70,12 +74,17 @@ class HostLauncher:
         self.block = block
         """The fused kernel's threads per block here (whatever the caller asks)."""
         self._tensor_cores = tensor_cores
+        self._affine_normalise = affine_normalise
         self.mma_block = (32, 2)
         """The MMA kind's block here: whole warps (the GPU runs eight)."""
 
     @property
     def tensor_cores(self) -> bool:
         return self._tensor_cores
+
+    @property
+    def affine_normalise(self) -> bool:
+        return self._affine_normalise
 
     def pass1(
         self,

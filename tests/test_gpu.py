@@ -95,14 +95,15 @@ def test_cuda_kernels_of_either_module_and_normalise_equal_the_cpu_path(
     # types, the affine normalise; here the module that takes the size as an argument, and
     # the 16-bit tables
     from kernel_cases import case, differing, kernels, reference
-    from mmwire.kernels import _launch, _ops
+    from mmwire.kernels import CupyLauncher
 
-    monkeypatch.setattr(_launch, "PATCH_MODULES", patch_modules)
-    monkeypatch.setattr(_ops, "NORM_AFFINE", affine)
+    launcher = CupyLauncher(
+        torch.device("cuda"), patch_modules=patch_modules, affine_normalise=affine
+    )
     for name in ("rgb_distinct", "rgba_chessboard", "narrow_blocks", "plain_and_mma"):
         items = case(name, rng)
         want_pv, _ = reference(items, getattr(torch, dtype))
-        got_pv, _ = kernels(items, getattr(torch, dtype), "cuda")
+        got_pv, _ = kernels(items, getattr(torch, dtype), "cuda", launcher)
         assert differing(got_pv, want_pv) == 0, name
 
 

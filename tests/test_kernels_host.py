@@ -8,7 +8,8 @@ and rounding rule of ``pixels.cu`` with ``==``.
 from __future__ import annotations
 
 import ctypes
-import re
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -32,19 +33,19 @@ from mmwire.kernels import (
     SOURCE,
     ImageJob,
     _ops,
+    compile_options,
+    kernel_source,
     layout_of,
     pack,
     preprocess_packed,
     resize_packed,
 )
+from mmwire.kernels._abi import FUSED_THREADS, NORM_VALUES
 from mmwire.kernels._descriptors import (
     _RAW,
     MIXED_PLAIN_GAMMA,
     MIXED_PLAIN_TILE,
     MIXED_TAIL,
-    NORM_HEADER,
-    NORM_STRIDE,
-    NORM_VALUES,
 )
 from mmwire.materialize import ProcessorConfig, bicubic_coefficients, resize_reference
 from PIL import Image
@@ -64,21 +65,6 @@ def host(host_lib: Path) -> HostLauncher:
 def host14(tmp_path_factory: pytest.TempPathFactory) -> HostLauncher:
     """The build the launcher compiles for p = 14 (``MMWIRE_PATCH``)."""
     return HostLauncher(build(tmp_path_factory.mktemp("kernels14"), patch=14))
-
-
-@pytest.mark.parametrize(
-    ("enum", "names", "count"), [("Field", FIELDS, "NF"), ("Record", RECORD_FIELDS, "NR")]
-)
-def test_host_field_orders_match_the_cuda_enums(
-    enum: str, names: tuple[str, ...], count: str
-) -> None:
-    # the descriptor rows and the MMA tiles' records, as pixels.cu numbers them
-    body = re.search(rf"enum {enum} \{{(.*?)\}};", SOURCE.read_text(), re.S)
-    assert body is not None
-    pairs = re.findall(r"(\w+) = (\d+)", body.group(1))
-    assert [name for name, _ in pairs[:-1]] == list(names)
-    assert [int(v) for _, v in pairs[:-1]] == list(range(len(names)))
-    assert pairs[-1] == (count, str(len(names)))
 
 
 def test_tile_records_are_whole_16_byte_loads() -> None:
@@ -284,35 +270,37 @@ def test_host_mixes_plain_and_mma_tiles_in_one_launch(
         assert smem[32, ch, "mixed"] == smem[16, ch, "mixed"] > 0
 
 
-def test_fused_block_limit_matches_the_cuda_define() -> None:
-    # the launcher's blocks must stay within the kernel's launch bounds
-    found = re.search(r"#define FUSED_THREADS (\d+)", SOURCE.read_text())
-    assert found is not None and int(found.group(1)) == _ops._FUSED_THREADS
+def test_fused_blocks_stay_within_the_launch_bounds() -> None:
     for p in (1, 2, 7, 14, 15, 16, 28, 256):
         across, down = _ops._fused_block(p)
-        assert across * down <= _ops._FUSED_THREADS and down >= 1
+        assert across * down <= FUSED_THREADS and down >= 1
         assert across == (p // 2 if p % 2 == 0 else p)  # a pixel pair a thread when p is even
 
 
-def test_mma_limits_match_the_cuda_defines() -> None:
-    # the host lays out each M-block's fragments for MMA_KS steps and plans tiles of at
-    # most MMA_MAX_BLOCKS blocks a side: the kernel must read them the same way
-    # (and sizes a raw window's rows with their groups' shift)
-    from mmwire.kernels._descriptors import _MMA_GROUP_SHIFT, _MMA_MAX_BLOCKS, _MMA_STEPS
+def test_the_kernels_refuse_to_compile_without_the_hosts_values(tmp_path: Path) -> None:
+    # the sources set none of what they share with the host: a build without
+    # compile_options stops, naming them, instead of disagreeing with the host
+    cxx = shutil.which("g++") or shutil.which("c++")
+    assert cxx is not None
+    probe = tmp_path / "probe.cpp"
+    probe.write_text(f'#include "{SOURCE.parent / "abi.cuh"}"\n')
+    bare = subprocess.run(
+        [cxx, "-std=c++20", "-fsyntax-only", str(probe)], capture_output=True, text=True
+    )
+    assert bare.returncode != 0 and "compile_options" in bare.stderr
+    flags = list(compile_options(14))
+    built = subprocess.run(
+        [cxx, "-std=c++20", "-fsyntax-only", *flags, str(probe)], capture_output=True, text=True
+    )
+    assert built.returncode == 0, built.stderr
 
-    text = SOURCE.read_text()
-    for name, value in (
-        ("MMA_KS", _MMA_STEPS),
-        ("MMA_MAX_BLOCKS", _MMA_MAX_BLOCKS),
-        ("MMA_GROUP_SHIFT", _MMA_GROUP_SHIFT),
-    ):
-        found = re.search(rf"#define {name} (\d+)", text)
-        assert found is not None and int(found.group(1)) == value, name
 
-
-def test_out_alignment_matches_the_widest_store() -> None:
-    found = re.search(r"#define UNIT_BYTES (\d+)", SOURCE.read_text())
-    assert found is not None and int(found.group(1)) == _ops._OUT_ALIGN
+def test_kernel_source_inlines_every_header_once() -> None:
+    text = kernel_source()
+    assert '#include "' not in text and "#pragma once" not in text
+    for header in SOURCE.parent.glob("*.cuh"):
+        first = header.read_text().splitlines()[0]
+        assert text.count(first) == 1, header.name
 
 
 def _row(job: ImageJob, pillow: tuple[int, int] = (13, 0)) -> dict[str, int]:
@@ -503,7 +491,8 @@ def test_mma_fragments_hold_each_blocks_weights_in_lane_order(
     # for a raw RGB first pass the inputs _word_inputs says), are the Q22 weights of the
     # block's 16 outputs over its span; past the tile (the next tile's outputs, in its
     # last block) and past the axis they are 0
-    from mmwire.kernels._descriptors import _MMA_STEPS, _mma_axis
+    from mmwire.kernels._abi import MMA_KS
+    from mmwire.kernels._descriptors import _mma_axis
 
     c = bicubic_coefficients(in_size, out_size)
     dense = _dense_weights(c, in_size, out_size)
@@ -512,10 +501,10 @@ def test_mma_fragments_hold_each_blocks_weights_in_lane_order(
     spans, frags = _mma_axis(in_size, out_size, tile * patch, tiles, False, rgb)
     mb = -(-tile * patch // 16)
     assert spans.shape == (tiles, 1 + 2 * mb)
-    assert frags.shape == (tiles, mb, 3, _MMA_STEPS, 32, 4)
+    assert frags.shape == (tiles, mb, 3, MMA_KS, 32, 4)
     raw = frags.view(np.uint32).astype(np.int64)
     planes = (raw[..., None] >> (8 * np.arange(4))) & 255  # (tiles, mb, q, s, lane, r, byte)
-    k32 = 32 * _MMA_STEPS
+    k32 = 32 * MMA_KS
     for t in range(tiles):
         for j in range(mb):
             at, steps = spans[t, 1 + 2 * j : 3 + 2 * j]
@@ -524,12 +513,12 @@ def test_mma_fragments_hold_each_blocks_weights_in_lane_order(
                 g, lt = divmod(lane, 4)
                 for r in range(4):
                     row, ks = g + 8 * (r & 1), np.array(_word_inputs(r >> 1, lt, rgb))
-                    for st in range(_MMA_STEPS):
+                    for st in range(MMA_KS):
                         a[:, row, 32 * st + ks] = planes[t, j, :, st, lane, r]
             o0, tile_end = t * tile * patch + 16 * j, (t + 1) * tile * patch
             want, live = _block_weights(dense, o0, 16, tile_end, at, k32)
             assert (_from_planes(a) == want).all(), (t, j)
-            assert at % 4 == 0 and 1 <= steps <= _MMA_STEPS
+            assert at % 4 == 0 and 1 <= steps <= MMA_KS
             assert not live[:, :at].any() and not live[:, at + 32 * steps :].any()  # the span
         # the inputs the tile uses: to the last tap of its last output in the axis
         end = min((t + 1) * tile * patch, out_size) - 1
@@ -674,15 +663,6 @@ def test_host_pitches_mirror_the_kernels(host_lib: Path) -> None:
     )
 
 
-def test_norm_layout_matches_the_cuda_defines() -> None:
-    text = SOURCE.read_text()
-    defines = dict(re.findall(r"#define (NORM_\w+) (\S+)", text))
-    assert int(defines["NORM_VALUES"]) == NORM_VALUES
-    assert int(defines["NORM_HEADER"]) == NORM_HEADER
-    assert NORM_STRIDE == NORM_VALUES + NORM_HEADER
-    assert (defines["NORM_TABLE"], defines["NORM_BF16"], defines["NORM_F16"]) == ("0", "1", "2")
-
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_16_bit_launches_compute_the_normalise_step_where_it_was_proved(
     dtype: torch.dtype,
@@ -701,17 +681,16 @@ def test_16_bit_launches_compute_the_normalise_step_where_it_was_proved(
     "name", ["rgb_distinct", "rgba_chessboard", "gray", "odd_patch", "plain_and_mma"]
 )
 def test_host_16_bit_kernels_through_the_tables_equal_the_cpu_path(
-    host: HostLauncher,
+    host_lib: Path,
     rng: np.random.Generator,
-    monkeypatch: pytest.MonkeyPatch,
     name: str,
     dtype: torch.dtype,
 ) -> None:
     # with no affine form claimed the 16-bit kernels read the tables, as fp32 always does
-    monkeypatch.setattr(_ops, "NORM_AFFINE", False)
+    tables = HostLauncher(host_lib, affine_normalise=False)
     items = case(name, rng)
     want_pv, _ = reference(items, dtype)
-    got_pv, _ = kernels(items, dtype, "cpu", host)
+    got_pv, _ = kernels(items, dtype, "cpu", tables)
     assert differing(got_pv, want_pv) == 0
 
 
