@@ -309,6 +309,32 @@ def test_a_consumer_that_dies_holding_a_lease_is_cleaned_after_a_hostile_handove
         p.close()
 
 
+def test_a_release_on_the_way_when_its_member_ended_is_ignored_quietly(
+    pair: tuple[Producer, Consumer], caplog: pytest.LogCaptureFixture
+) -> None:
+    # a consumer's handover connection can close before its channel's last release is
+    # read: its leases went back when it ended, and that release is no stranger's
+    p, _ = pair
+    c1 = Consumer(1, p.endpoint, handover=p.handover_path)
+    try:
+        p.wait_for_consumers([0, 1], 10)
+        envs = p.publish("r", [_item(np.zeros((20, 30, 3), np.uint8), owners=(1,))])
+        ref = envs[0].payload
+        assert isinstance(ref, CpuRef)
+        c1.recv(5)
+        c1._handover_conn.close()  # the member ends; its lease goes back
+        _settle(p, lambda: p.statistics().members_ended >= 1)
+        before = p.statistics()
+        c1._sock.send(ENCODER.encode(Release(lease=ref.lease, generation=ref.generation)))
+        _settle(p, lambda: p.statistics().releases_ignored > before.releases_ignored)
+        after = p.statistics()
+        assert after.messages_dropped == before.messages_dropped
+        assert after.arena.leases_outstanding == 0
+        assert "no joined member" not in caplog.text
+    finally:
+        c1.close()
+
+
 def test_forged_repeated_stale_and_foreign_releases_change_nothing(
     pair: tuple[Producer, Consumer],
 ) -> None:

@@ -20,6 +20,7 @@ Rules
 
 from __future__ import annotations
 
+import collections
 import logging
 import secrets
 import time
@@ -111,6 +112,10 @@ class Member:
         return f"rank {self.rank} ({who}, member {self.id})"
 
 
+_ENDED_KEPT = 4096
+"""How many ended members' routing ids ``Members`` remembers."""
+
+
 class Members:
     """The producer's members; every method runs under the producer's lock.
 
@@ -124,6 +129,9 @@ class Members:
         self._by_rank: dict[int, Member] = {}
         self._by_token: dict[bytes, Member] = {}
         self._by_ident: dict[bytes, Member] = {}
+        # routing ids of members ended lately: their last releases may still be on the way
+        # (a consumer's handover connection can close before its channel's queue drains)
+        self._ended: collections.OrderedDict[bytes, None] = collections.OrderedDict()
 
     def _new(self, rank: int, *, local: bool, pid: int | None, key: bytes | None) -> Member:
         s = Member(
@@ -203,7 +211,14 @@ class Members:
         self._by_token.pop(s.token, None)
         if s.ident is not None and self._by_ident.get(s.ident) is s:
             del self._by_ident[s.ident]
+            self._ended[s.ident] = None
+            if len(self._ended) > _ENDED_KEPT:
+                self._ended.popitem(last=False)
         self._on_end(s, why)
+
+    def ended(self, ident: bytes) -> bool:
+        """Whether this routing id belonged to a member that ended lately."""
+        return ident in self._ended
 
     def by_token(self, token: bytes) -> Member | None:
         """The live member with this handover token."""

@@ -388,7 +388,10 @@ class Producer:
             self._on_join(ident, msg, body)
             return
         s = self._members.by_ident(ident)
-        if s is None:
+        if s is None and self._members.ended(ident):
+            # its leases went back when it ended; this release was on the way
+            self._counts["ignored"] += 1
+        elif s is None:
             self._drop("a release from no joined member")
         elif not self.arena.release(msg.lease, msg.generation, s.id):
             self._counts["ignored"] += 1
