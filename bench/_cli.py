@@ -1,8 +1,9 @@
 """mmwire-bench: peers' ways of moving and preparing features, and mmwire's, side by side.
 
 With no command it runs the demo (a tokenizer and two scheduler ranks on this host, no GPU).
-Results go to bench/results/<date>-<name>/ (JSON with every sample, the table, a plot) and
-bench/RESULTS.md is regenerated from them.
+Each run writes its JSON (every sample), tables and plot to ./mmwire-results/<date>-<name>/,
+or under --out. --record, from a mmwire checkout's root, replaces the project's record of
+that benchmark on this class of machine (bench/results/) and regenerates bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from pathlib import Path
+
+from ._report import DEFAULT_OUT, RECORD_DIR
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -19,15 +22,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help="results folder (default: bench/results under the current directory)",
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT, help=f"results folder (default: ./{DEFAULT_OUT})"
+    )
+    where.add_argument(
+        "--record",
+        action="store_true",
+        help=f"update the project's record ({RECORD_DIR}/), from a checkout's root",
     )
     sub = parser.add_subparsers(dest="command")
     demo = sub.add_parser("demo", help="the README demo (default)")
     demo.add_argument("--ranks", type=int, default=2)
+    demo.add_argument("--reps", type=int, default=5, help="runs of each request on each path")
     tr = sub.add_parser("transport", help="payload sizes x consumers x methods")
     tr.add_argument(
         "--sizes",
@@ -52,11 +59,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     pl.add_argument("--rates", default="0.5,1,2", help="multiples of eager's capacity")
     pl.add_argument("--device", default="cpu", help="cpu, or cuda for the CUDA materializer")
     args = parser.parse_args(argv)
+    if args.record:
+        if not RECORD_DIR.is_dir():
+            parser.error(f"--record updates ./{RECORD_DIR}: run it from a mmwire checkout's root")
+        args.out = RECORD_DIR
     command = args.command or "demo"
     if command == "demo":
         from ._demo import run_demo
 
-        run_demo(ranks=getattr(args, "ranks", 2), out_dir=args.out)
+        run_demo(ranks=getattr(args, "ranks", 2), reps=getattr(args, "reps", 5), out_dir=args.out)
     elif command == "transport":
         from ._transport import run_transport
 

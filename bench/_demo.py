@@ -1,26 +1,36 @@
-"""The README's demo: a tokenizer and two scheduler ranks; mmwire (deferred) vs pickle (eager)."""
+"""The README's demo: a tokenizer and scheduler ranks on this host, mmwire beside every peer.
+
+mmwire ships each image's uint8 pixels once into the shared arena and only the rank that
+owns an item materialises it (deferred, owner-side). Every peer of ``mmwire-bench
+transport`` takes the engines' way instead: the tokenizer preprocesses the request to fp32
+``pixel_values`` and sends them to every rank its way. Each request is timed several times
+on each path (median and spread), until every owner holds its ``pixel_values``, after
+one unrecorded pass over the requests.
+"""
 
 from __future__ import annotations
 
-import pickle  # the peers' way, reproduced for comparison only
-import shutil
-import tempfile
+import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import zmq
 from mmwire.materialize import ProcessorConfig, assign_owners, owners_of, preprocess_images
 from mmwire.transport import Grid, Item, Producer
 from PIL import Image
+from rich import box
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from . import _workers
 from ._harness import Ranks
 from ._report import bar_plot, write_run
+from ._transport import PEERS, make_method
+
+__all__ = ["REQUESTS", "run_demo"]
 
 DATA = Path(__file__).resolve().parent / "data"
 
@@ -34,6 +44,10 @@ REQUESTS: list[list[tuple[str, int, int]]] = [
     [("coffee.png", 2000, 1333)],
 ]
 
+Send = Callable[[str, list[Image.Image]], int]
+"""Sends one request's images on one path, waits until every owner holds its
+``pixel_values``, and returns the bytes it moved."""
+
 
 def _images() -> list[list[Image.Image]]:
     photos = {
@@ -42,136 +56,194 @@ def _images() -> list[list[Image.Image]]:
     return [[photos[n].resize((w, h), Image.Resampling.BICUBIC) for n, w, h in r] for r in REQUESTS]
 
 
-def run_demo(ranks: int = 2, out_dir: Path | None = None, console: Console | None = None) -> Path:
-    """Run both paths over the same requests and topology; print and save the table."""
+def run_demo(
+    ranks: int = 2, reps: int = 5, out_dir: Path | None = None, console: Console | None = None
+) -> Path:
+    """Time every request ``reps`` times on mmwire and on each peer; print and save the
+    tables (results under ``out_dir``)."""
     console = console or Console()
-    cfg = ProcessorConfig()
     requests = _images()
+    paths = ["mmwire", *PEERS]
+    times: dict[str, list[list[float]]] = {}
+    moved: dict[str, list[int]] = {}
+    progress = Progress(
+        TextColumn("{task.description:<22}"),
+        BarColumn(bar_width=24),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        disable=not console.is_terminal,
+    )
+    console.print(
+        f"mmwire demo: {len(requests)} requests x {reps} runs on each of {len(paths)} paths, "
+        f"1 tokenizer -> {ranks} ranks on this host"
+    )
+    with progress:
+        for path in paths:
+            task = progress.add_task(path, total=len(requests) * reps)
+            started = time.perf_counter()
+            runner = _mmwire_path if path == "mmwire" else _peer_path(path)
+            times[path], moved[path] = runner(requests, ranks, reps, lambda: progress.advance(task))
+            if not console.is_terminal:  # no live display: one line a path
+                console.print(f"  {path:<10} done in {time.perf_counter() - started:.1f} s")
+    rows = [
+        {
+            "request": i,
+            "images": [f"{im.width}x{im.height}" for im in imgs],
+            **{f"{p}_ms": times[p][i] for p in paths},
+            **{f"{p}_bytes": moved[p][i] for p in paths},
+        }
+        for i, imgs in enumerate(requests)
+    ]
+    per_request, summary = _tables(rows, paths, ranks, reps)
+    console.print(per_request)
+    console.print(summary)
+    folder = write_run(
+        "demo",
+        {
+            "kind": "demo",
+            "ranks": ranks,
+            "reps": reps,
+            "paths": paths,
+            "rows": rows,
+            "notes": [
+                "ms: publish (or the producer's preprocessing) -> every owner holds its "
+                "pixel_values; median of the runs, +- half their range",
+                "mmwire: uint8 pixels once into the arena, the owner materialises; the peers: "
+                "the producer preprocesses to fp32 and sends to every rank their way",
+            ],
+        },
+        summary,
+        bar_plot(
+            [f"r{r['request']}" for r in rows],
+            {p: [statistics.median(runs) for runs in times[p]] for p in paths},
+            "ms until every owner holds pixel_values (median)",
+        ),
+        out_dir=out_dir,
+        extra_tables=(per_request,),
+    )
+    console.print(f"results: {folder}")
+    return folder
+
+
+def _mmwire_path(
+    requests: list[list[Image.Image]], ranks: int, reps: int, tick: Callable[[], None]
+) -> tuple[list[list[float]], list[int]]:
+    cfg = ProcessorConfig()
     producer = Producer(arena_size=256 << 20)
-    mm = Ranks(
+    workers = Ranks(
         _workers.mmwire_rank,
         ranks,
         lambda r: (ranks, producer.endpoint, producer.handover_path, True),
     )
-    rows: list[dict[str, Any]] = [
-        {"request": i, "images": [f"{im.width}x{im.height}" for im in imgs]}
-        for i, imgs in enumerate(requests)
-    ]
     try:
         producer.wait_for_consumers(range(ranks), 60)
 
-        def deferred(rid: str, imgs: list[Image.Image]) -> tuple[float, int]:
+        def send(rid: str, imgs: list[Image.Image]) -> int:
             specs = [cfg.spec_for(im.width, im.height) for im in imgs]
             maps = assign_owners([s.plan.grid.patches for s in specs], ranks)
             items = [
                 Item(data=im, consumers=o, preprocess=cfg.spec_for)
                 for im, o in zip(imgs, owners_of(maps, len(imgs)))
             ]
-            t0 = time.perf_counter()
             envs = producer.publish(rid, items)
-            done = mm.wait("done", ranks)
-            return (max(d[3] for d in done) - t0) * 1e3, sum(e.tensor.nbytes for e in envs)
+            workers.wait("done", ranks)
+            return sum(e.tensor.nbytes for e in envs)
 
-        _measure(rows, requests, deferred, "mmwire")
+        return _timed(requests, reps, send, tick)
+    finally:
         producer.publish(
             "stop",
             [Item(data=np.zeros(1, np.uint8), consumers=(0,), kind="embedding", grid=Grid((1, 1)))],
         )
-    finally:
-        mm.close()
+        workers.close()
         producer.close()
 
-    ctx: zmq.Context[Any] = zmq.Context()
-    tmp = tempfile.mkdtemp(prefix="mmwire-demo-")
-    endpoints = [f"ipc://{tmp}/pickle{r}" for r in range(ranks)]
-    pushes = [ctx.socket(zmq.PUSH) for _ in range(ranks)]
-    for s, ep in zip(pushes, endpoints):
-        s.bind(ep)
-    pk = Ranks(_workers.pickle_rank, ranks, lambda r: (endpoints[r],))
-    try:
 
-        def eager(rid: str, imgs: list[Image.Image]) -> tuple[float, int]:
+def _peer_path(
+    name: str,
+) -> Callable[
+    [list[list[Image.Image]], int, int, Callable[[], None]], tuple[list[list[float]], list[int]]
+]:
+    def run(
+        requests: list[list[Image.Image]], ranks: int, reps: int, tick: Callable[[], None]
+    ) -> tuple[list[list[float]], list[int]]:
+        cfg = ProcessorConfig()
+        method = make_method(name, ranks)
+        try:
+
+            def send(rid: str, imgs: list[Image.Image]) -> int:
+                pixel_values, _ = preprocess_images(imgs, cfg)  # on the producer, eagerly
+                method.send(rid, pixel_values)
+                method.ranks.wait("done", ranks)
+                method.round_done()
+                return method.copies(pixel_values.numel() * pixel_values.element_size())
+
+            return _timed(requests, reps, send, tick)
+        finally:
+            method.close()
+
+    return run
+
+
+def _timed(
+    requests: list[list[Image.Image]], reps: int, send: Send, tick: Callable[[], None]
+) -> tuple[list[list[float]], list[int]]:
+    """Each request once unrecorded (a fresh process's first large request pays its
+    allocator's and libraries' start-up, which a serving process pays once), then each
+    ``reps`` times (ms), and the bytes its last run moved."""
+    for i, imgs in enumerate(requests):
+        send(f"warm-up{i}", imgs)
+    times: list[list[float]] = []
+    moved: list[int] = []
+    for i, imgs in enumerate(requests):
+        runs = []
+        for k in range(reps):
             t0 = time.perf_counter()
-            pixel_values, grids = preprocess_images(imgs, cfg)  # on the producer
-            blob = pickle.dumps({"rid": rid, "tensor": pixel_values, "grids": grids})
-            for s in pushes:
-                s.send(blob)
-            done = pk.wait("done", ranks)
-            return (max(d[3] for d in done) - t0) * 1e3, len(blob) * ranks
+            nbytes = send(f"r{i}.{k}", imgs)
+            runs.append((time.perf_counter() - t0) * 1e3)
+            tick()
+        times.append(runs)
+        moved.append(nbytes)
+    return times, moved
 
-        _measure(rows, requests, eager, "pickle")
-        for s in pushes:
-            s.send(pickle.dumps({"rid": "stop"}))
-    finally:
-        pk.close()
-        for s in pushes:
-            s.close(0)
-        ctx.term()
-        shutil.rmtree(tmp, ignore_errors=True)
 
-    table = Table(
-        title=f"mmwire demo: 1 tokenizer -> {ranks} ranks, cpu backend, "
-        "owner-side CPU materialisation"
+def _cell(runs: list[float]) -> str:
+    """Median +- half the range, to the precision that matters at that size."""
+    mid, half = statistics.median(runs), (max(runs) - min(runs)) / 2
+    return f"{mid:.1f}±{half:.1f}" if mid < 100 else f"{mid:.0f}±{half:.0f}"
+
+
+def _tables(
+    rows: list[dict[str, Any]], paths: list[str], ranks: int, reps: int
+) -> tuple[Table, Table]:
+    per_request = Table(
+        title=f"ms until every owner holds pixel_values (median of {reps} ± half the range)",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 1),
     )
-    for col in (
-        "req",
-        "images",
-        "mmwire ms",
-        "pickle+eager ms",
-        "speed-up",
-        "mmwire bytes",
-        "pickle bytes",
-    ):
-        table.add_column(col, justify="right")
-    for row in rows:
-        table.add_row(
-            str(row["request"]),
-            " ".join(row["images"]),
-            f"{row['mmwire_ms']:.1f}",
-            f"{row['pickle_ms']:.1f}",
-            f"{row['pickle_ms'] / row['mmwire_ms']:.1f}x",
-            _mib(row["mmwire_bytes"]),
-            _mib(row["pickle_bytes"]),
+    per_request.add_column("req", justify="right")
+    per_request.add_column("MP", justify="right")
+    for p in paths:
+        per_request.add_column(p, justify="right")
+    for r in rows:
+        megapixels = sum(int(w) * int(h) for w, h in (s.split("x") for s in r["images"])) / 1e6
+        per_request.add_row(
+            str(r["request"]), f"{megapixels:.1f}", *(_cell(r[f"{p}_ms"]) for p in paths)
         )
-    console.print(table)
-    folder = write_run(
-        "demo",
-        {
-            "kind": "demo",
-            "ranks": ranks,
-            "rows": rows,
-            "notes": [
-                "latency = publish (or eager preprocess) -> every owner holds its pixel_values",
-                "pickle path: producer preprocesses to fp32 and pickles the batch to every rank "
-                "over zmq",
-            ],
-        },
-        table,
-        bar_plot(
-            [f"r{r['request']}" for r in rows],
-            {
-                "mmwire (deferred)": [r["mmwire_ms"] for r in rows],
-                "pickle + eager": [r["pickle_ms"] for r in rows],
-            },
-            "ms until every owner holds pixel_values",
-        ),
-        out_dir=out_dir,
+    summary = Table(
+        title=f"all requests, 1 tokenizer -> {ranks} ranks (sum of medians)",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 1),
     )
-    console.print(f"results written to {folder}")
-    return folder
-
-
-def _measure(
-    rows: list[dict[str, Any]],
-    requests: list[list[Image.Image]],
-    run: Callable[[str, list[Image.Image]], tuple[float, int]],
-    path: str,
-) -> None:
-    """One unrecorded warm-up request, then every request once: ``<path>_ms``/``_bytes``."""
-    run("warm-up", requests[0])
-    for row, imgs in zip(rows, requests):
-        row[f"{path}_ms"], row[f"{path}_bytes"] = run(f"r{row['request']}", imgs)
-
-
-def _mib(n: int) -> str:
-    return f"{n / 2**20:.2f} MiB"
+    for col in ("path", "ms", "x mmwire", "MiB moved"):
+        summary.add_column(col, justify="left" if col == "path" else "right")
+    total = {p: sum(statistics.median(r[f"{p}_ms"]) for r in rows) for p in paths}
+    for p in paths:
+        summary.add_row(
+            p,
+            f"{total[p]:.1f}",
+            f"{total[p] / total['mmwire']:.1f}x",
+            f"{sum(r[f'{p}_bytes'] for r in rows) / 2**20:.1f}",
+        )
+    return per_request, summary

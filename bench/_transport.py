@@ -214,7 +214,12 @@ class _TmpQueue(_Method):
         self.ranks.close()
 
 
-def _make(name: str, n: int, max_bytes: int) -> _Method:
+PEERS = ("pickle", "oob", "segment", "tmp_queue")
+"""The engines' ways of moving a tensor to every rank that the benchmarks set beside mmwire."""
+
+
+def make_method(name: str, n: int, max_bytes: int = 64 << 20) -> _Method:
+    """Method ``name`` (mmwire or one of ``PEERS``) with ``n`` ranks started and ready."""
     if name == "mmwire":
         return _Mmwire(n, max_bytes)
     return {"pickle": _Pickle, "oob": _Oob, "segment": _Segment, "tmp_queue": _TmpQueue}[name](n)
@@ -235,7 +240,7 @@ def run_transport(
         task = bar.add_task("transport", total=len(methods) * len(consumers) * len(sizes))
         for n in consumers:
             for name in methods:
-                method = _make(name, n, max(sizes))
+                method = make_method(name, n, max(sizes))
                 try:
                     for size in sizes:
                         bar.update(task, description=f"{name} x{n} {size >> 10} KiB")

@@ -3,21 +3,59 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 from mmwire.bench._cli import main
+from mmwire.bench._transport import PEERS
 
 
-def test_demo_runs_and_writes_results(tmp_path: Path) -> None:
-    assert main(["--out", str(tmp_path / "results"), "demo"]) == 0
-    (run,) = (tmp_path / "results").iterdir()
-    data = json.loads((run / "results.json").read_text())
-    assert len(data["rows"]) == 6 and all(
-        r["mmwire_ms"] > 0 and r["pickle_ms"] > 0 for r in data["rows"]
+def test_demo_shows_every_path_at_80_columns_and_writes_only_its_results(tmp_path: Path) -> None:
+    # the README's first command, as a user runs it: no terminal, defaults, a fresh folder
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    bench = Path(sys.executable).with_name("mmwire-bench")
+    run = subprocess.run(
+        [str(bench), "demo", "--reps", "2"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert lines[0].startswith("mmwire demo:")  # says what it does before it works
+    header = next(line for line in lines if line.split()[:2] == ["req", "MP"])
+    assert header.split()[2:] == ["mmwire", *PEERS]  # every peer, side by side, whole
+    assert "no joined member" not in run.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["mmwire-results"]  # nothing else
+    (folder,) = (tmp_path / "mmwire-results").iterdir()
+    data = json.loads((folder / "results.json").read_text())
+    assert len(data["rows"]) == 6 and data["paths"] == ["mmwire", *PEERS]
+    for row in data["rows"]:
+        for path in data["paths"]:
+            assert len(row[f"{path}_ms"]) == 2 and min(row[f"{path}_ms"]) > 0
     assert data["machine"]["commit"]
-    assert "mmwire demo" in (run / "table.txt").read_text()
-    assert run.name in (tmp_path / "RESULTS.md").read_text()
+    assert f"results: {folder.relative_to(tmp_path)}" in run.stdout
+
+
+def test_record_keeps_the_latest_run_per_benchmark_and_machine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit):  # outside a checkout there is no record to update
+        main(["--record", "demo", "--reps", "1"])
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    for _ in range(2):
+        assert main(["--record", "demo", "--reps", "1"]) == 0
+    (folder,) = (tmp_path / "bench" / "results").iterdir()
+    assert folder.name.startswith("demo-")
+    index = (tmp_path / "bench" / "RESULTS.md").read_text()
+    assert index.count(f"## {folder.name}") == 1 and "mmwire" in index
 
 
 def test_transport_runs_every_method(tmp_path: Path) -> None:
@@ -56,7 +94,6 @@ def test_pipeline_runs_both_modes_and_every_owner_reports(tmp_path: Path) -> Non
 
 
 def test_gpu_commands_refuse_cleanly_without_cuda(tmp_path: Path) -> None:
-    import pytest
     import torch
 
     if torch.cuda.is_available():
