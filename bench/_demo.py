@@ -13,6 +13,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +84,9 @@ def run_demo(
             task = progress.add_task(path, total=len(requests) * reps)
             started = time.perf_counter()
             runner = _mmwire_path if path == "mmwire" else _peer_path(path)
-            times[path], moved[path] = runner(requests, ranks, reps, lambda: progress.advance(task))
+            times[path], moved[path] = runner(
+                requests, ranks, reps, partial(progress.advance, task)
+            )
             if not console.is_terminal:  # no live display: one line a path
                 console.print(f"  {path:<10} done in {time.perf_counter() - started:.1f} s")
     rows = [
@@ -232,7 +235,7 @@ def _tables(
             str(r["request"]), f"{megapixels:.1f}", *(_cell(r[f"{p}_ms"]) for p in paths)
         )
     summary = Table(
-        title=f"all requests, 1 tokenizer -> {ranks} ranks (sum of medians)",
+        title="all requests (sum of medians)",
         box=box.SIMPLE_HEAD,
         padding=(0, 1),
     )

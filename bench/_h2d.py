@@ -34,6 +34,26 @@ def _h2d(src: torch.Tensor, reps: int) -> list[float]:
     return out
 
 
+def render_table(payload: dict[str, Any]) -> Table:
+    """GB/s per source and size (also re-renders a saved ``results.json``)."""
+    table = Table(
+        title="H2D from the mmwire arena (GB/s, p50; register took "
+        f"{payload['register_seconds'] * 1e3:.0f} ms)"
+    )
+    for col in ("source", "size", "GB/s p50", "GB/s min", "bytes equal"):
+        table.add_column(col, justify="right")
+    for r in payload["rows"]:
+        gbps = [r["bytes"] / s / 1e9 for s in r["seconds"]]
+        table.add_row(
+            r["source"],
+            f"{r['bytes'] >> 20} MiB",
+            f"{percentile(gbps, 50):.1f}",
+            f"{min(gbps):.1f}",
+            str(r["exact"]),
+        )
+    return table
+
+
 def run_h2d(
     sizes: list[int] | None = None,
     reps: int = 10,
@@ -89,20 +109,7 @@ def run_h2d(
     finally:
         consumer.close()
         producer.close()
-    table = Table(
-        title=f"H2D from the mmwire arena (GB/s, p50; register took {t_register * 1e3:.0f} ms)"
-    )
-    for col in ("source", "size", "GB/s p50", "GB/s min", "bytes equal"):
-        table.add_column(col, justify="right")
-    for r in rows:
-        gbps = [r["bytes"] / s / 1e9 for s in r["seconds"]]
-        table.add_row(
-            r["source"],
-            f"{r['bytes'] >> 20} MiB",
-            f"{percentile(gbps, 50):.1f}",
-            f"{min(gbps):.1f}",
-            str(r["exact"]),
-        )
+    table = render_table({"rows": rows, "register_seconds": t_register})
     console.print(table)
     folder = write_run(
         "h2d",

@@ -272,25 +272,7 @@ def run_transport(
                         bar.advance(task)
                 finally:
                     method.close()
-    table = Table(title="publish -> every owner holds a usable tensor (p50 / p99 ms)")
-    for col in ("ranks", "size", *methods, *(f"{m}/mmwire" for m in methods if m != "mmwire")):
-        table.add_column(col, justify="right")
-    for n in consumers:
-        for size in sizes:
-            cells = {s["method"]: s for s in samples if s["consumers"] == n and s["bytes"] == size}
-            p50 = {m: percentile(c["latency_s"], 50) * 1e3 for m, c in cells.items()}
-            p99 = {m: percentile(c["latency_s"], 99) * 1e3 for m, c in cells.items()}
-            ratios = [
-                f"{p50[m] / p50['mmwire']:.1f}x" if "mmwire" in p50 and m in p50 else "-"
-                for m in methods
-                if m != "mmwire"
-            ]
-            table.add_row(
-                str(n),
-                _size(size),
-                *[f"{p50[m]:.2f} / {p99[m]:.2f}" if m in p50 else "-" for m in methods],
-                *ratios,
-            )
+    table = render_table({"samples": samples})
     console.print(table)
     folder = write_run(
         "transport",
@@ -309,6 +291,32 @@ def run_transport(
     )
     console.print(f"results written to {folder}")
     return folder
+
+
+def render_table(payload: dict[str, Any]) -> Table:
+    """p50 ms per rank count and size, each peer's with its ratio to mmwire's (also
+    re-renders a saved ``results.json``)."""
+    samples = payload["samples"]
+    methods = list(dict.fromkeys(s["method"] for s in samples))
+    table = Table(title="publish -> every owner holds a usable tensor: p50 ms (x mmwire's)")
+    for col in ("ranks", "size", *methods):
+        table.add_column(col, justify="right")
+    for n in sorted({s["consumers"] for s in samples}):
+        for size in sorted({s["bytes"] for s in samples}):
+            cells = {s["method"]: s for s in samples if s["consumers"] == n and s["bytes"] == size}
+            p50 = {m: percentile(c["latency_s"], 50) * 1e3 for m, c in cells.items()}
+            table.add_row(str(n), _size(size), *(_cell(p50, m) for m in methods))
+    return table
+
+
+def _cell(p50: dict[str, float], method: str) -> str:
+    if method not in p50:
+        return "-"
+    value = f"{p50[method]:.1f}" if p50[method] >= 10 else f"{p50[method]:.2f}"
+    base = p50.get("mmwire")
+    if method == "mmwire" or base is None:
+        return value
+    return f"{value} ({p50[method] / base:.1f}x)"
 
 
 def _size(n: int) -> str:
