@@ -71,6 +71,13 @@ def test_tile_records_are_whole_16_byte_loads() -> None:
     assert len(RECORD_FIELDS) % 4 == 0  # the kernel loads a record as uint4s
 
 
+def test_kinds_are_numbered_as_the_cuda_enum_numbers_them() -> None:
+    # enum Kind takes the names in order from 0; the launcher names kernels by KINDS' values
+    from mmwire.kernels._abi import KINDS
+
+    assert list(KINDS.values()) == list(range(len(KINDS)))
+
+
 @pytest.mark.parametrize(
     ("width", "fits"), [(30_000_000 // 14 * 14, True), (40_000_000 // 14 * 14, False)]
 )
