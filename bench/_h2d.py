@@ -16,7 +16,7 @@ from mmwire.transport import Consumer, GlobalIndex, Grid, Item, Producer
 from rich.console import Console
 from rich.table import Table
 
-from ._report import bar_plot, percentile, write_run
+from ._report import percentile, write_run
 
 
 def _h2d(src: torch.Tensor, reps: int) -> list[float]:
@@ -122,20 +122,6 @@ def run_h2d(
             ],
         },
         table,
-        bar_plot(
-            [f"{size >> 20} MiB" for size in sizes],
-            {
-                source: [
-                    percentile([r["bytes"] / t / 1e9 for t in r["seconds"]], 50)
-                    for size in sizes
-                    for r in rows
-                    if r["source"] == source and r["bytes"] == size
-                ]
-                for source in ("arena pageable", "arena registered", "pinned tensor")
-            },
-            "H2D GB/s (p50)",
-            log=False,
-        ),
         out_dir=out_dir,
     )
     console.print(f"results written to {folder}")
