@@ -98,7 +98,7 @@ def run_demo(
         }
         for i, imgs in enumerate(requests)
     ]
-    per_request, summary = _tables(rows, paths, ranks, reps)
+    per_request, summary = _tables(rows, paths, reps)
     console.print(per_request)
     console.print(summary)
     folder = write_run(
@@ -217,9 +217,7 @@ def _cell(runs: list[float]) -> str:
     return f"{mid:.1f}±{half:.1f}" if mid < 100 else f"{mid:.0f}±{half:.0f}"
 
 
-def _tables(
-    rows: list[dict[str, Any]], paths: list[str], ranks: int, reps: int
-) -> tuple[Table, Table]:
+def _tables(rows: list[dict[str, Any]], paths: list[str], reps: int) -> tuple[Table, Table]:
     per_request = Table(
         title=f"ms until every owner holds pixel_values (median of {reps} ± half the range)",
         box=box.SIMPLE_HEAD,
