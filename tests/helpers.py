@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from mmwire.materialize import spec_for
+from mmwire.materialize import ProcessorConfig
 from mmwire.transport import (
     SCHEMA_VERSION,
     CpuRef,
@@ -20,7 +20,7 @@ from mmwire.transport import (
 
 def raw_spec(width: int, height: int) -> PreprocessSpec:
     """The default spec of a ``width x height`` image (the test images are never resized)."""
-    return spec_for(width, height)
+    return ProcessorConfig().spec_for(width, height)
 
 
 def raw_envelope(
@@ -31,10 +31,12 @@ def raw_envelope(
     payload: Any = None,
     consumers: tuple[int, ...] = (0,),
     request_id: str = "req-0",
+    spec: PreprocessSpec | None = None,
 ) -> FeatureEnvelope:
-    """An envelope for raw uint8 ``(H, W, C)`` pixels, inline by default."""
+    """An envelope for raw uint8 ``(H, W, C)`` pixels, inline by default (spec: the
+    default one of their size)."""
     h, w, _ = pixels.shape
-    spec = raw_spec(w, h)
+    spec = spec or raw_spec(w, h)
     ref = payload if payload is not None else InlineRef(frame=index if frame is None else frame)
     return FeatureEnvelope(
         version=SCHEMA_VERSION,

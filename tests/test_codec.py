@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 import zmq
 from helpers import cpu_ref, processed_envelope, raw_envelope
+from mmwire.materialize import QwenVLConfig
 from mmwire.transport import (
+    SCHEMA_VERSION,
     BatchDecoder,
     ByteLengthMismatch,
     DimensionError,
@@ -27,6 +29,7 @@ from mmwire.transport import (
 )
 
 GOLDEN = Path(__file__).parent / "data" / "golden_v1.bin"
+GOLDEN_V2 = Path(__file__).parent / "data" / "golden_v2.bin"
 
 
 def _batch(images: list[np.ndarray]) -> list:  # type: ignore[type-arg]
@@ -84,6 +87,27 @@ class TestRoundTrip:
         assert batch.envelopes[GlobalIndex(1)].payload == cpu_ref(4096, 12)
 
 
+def test_golden_v2_decodes_a_qwen_item_with_its_processor() -> None:
+    # schema 2: the spec names its processor and carries Qwen-VL's parameters
+    img = (np.arange(30 * 41 * 3) % 253).astype(np.uint8).reshape(30, 41, 3)
+    spec = QwenVLConfig(min_pixels=56 * 56, max_pixels=28 * 28 * 16)(41, 30)
+    env = raw_envelope(0, img, frame=0, spec=spec)
+    frames = encode_batch([env], [img.tobytes()])
+    if not GOLDEN_V2.exists():  # pragma: no cover - written once, then committed
+        GOLDEN_V2.write_bytes(frames[0])
+    assert GOLDEN_V2.read_bytes() == frames[0]  # this version still writes what it wrote
+    batch = BatchDecoder().decode([GOLDEN_V2.read_bytes(), *frames[1:]])
+    got = batch.envelopes[GlobalIndex(0)].preprocess
+    assert got is not None and got.processor == "qwen2_vl"
+    assert (got.min_pixels, got.max_pixels, got.temporal_patch_size) == (3136, 12544, 2)
+    assert got.plan.grid == Grid((1, 4, 6)) and got.row_shape == (1176,)  # upscaled to 84x56
+    # and a version-1 envelope is read with Kimi's defaults for the fields it lacks
+    old = BatchDecoder().decode([GOLDEN.read_bytes(), *_golden_frames()[1:]])
+    v1 = old.envelopes[GlobalIndex(0)]
+    assert v1.version == 1 and v1.preprocess is not None
+    assert v1.preprocess.processor == "kimi_vl" and v1.preprocess.row_shape == (3, 14, 14)
+
+
 def _golden_frames() -> list:  # type: ignore[type-arg]
     img = (np.arange(5 * 7 * 3) % 251).astype(np.uint8).reshape(5, 7, 3)
     small = np.zeros((2, 2, 3), np.uint8)
@@ -98,11 +122,11 @@ class TestRejects:
     def header(self, **env_changes: object) -> dict:  # type: ignore[type-arg]
         env = msgspec.to_builtins(raw_envelope(0, np.zeros((5, 7, 3), np.uint8)))
         env.update(env_changes)
-        return {"version": 1, "envelopes": [env], "frames": 1}
+        return {"version": SCHEMA_VERSION, "envelopes": [env], "frames": 1}
 
     def test_wrong_version(self) -> None:
-        with pytest.raises(SchemaVersionError, match="version` 2"):
-            self.decode_header({"version": 2, "envelopes": [], "frames": 0})
+        with pytest.raises(SchemaVersionError, match="version` 3"):
+            self.decode_header({"version": 3, "envelopes": [], "frames": 0})
         h = self.header(version=7)
         with pytest.raises(SchemaVersionError, match="`version` 7"):
             self.decode_header(h, (bytes(105),))
@@ -154,7 +178,7 @@ class TestRejects:
     def test_processed_rows_disagree_with_grid(self) -> None:
         env = msgspec.to_builtins(processed_envelope(0, (1, 2, 2), frame=0))
         env["grid"] = [[1, 2, 3]]
-        h = {"version": 1, "envelopes": [env], "frames": 1}
+        h = {"version": SCHEMA_VERSION, "envelopes": [env], "frames": 1}
         with pytest.raises(GridMismatch, match="4 rows but its grid"):
             self.decode_header(h, (bytes(4 * 3 * 14 * 14 * 4),))
 

@@ -54,11 +54,14 @@ from ._index import IndexMap as IndexMap
 from ._index import LocalIndex as LocalIndex
 from ._index import LocalSlots as LocalSlots
 from ._items import Item as Item
+from ._pixels import AlphaRule as AlphaRule
+from ._pixels import image_size as image_size
 from ._pixels import keeps_alpha as keeps_alpha
 from ._pixels import to_pixels as to_pixels
 from ._producer import Producer as Producer
 from ._producer import ProducerStatistics as ProducerStatistics
 from ._schema import DTYPES as DTYPES
+from ._schema import READABLE_VERSIONS as READABLE_VERSIONS
 from ._schema import SCHEMA_VERSION as SCHEMA_VERSION
 from ._schema import Background as Background
 from ._schema import CpuRef as CpuRef
@@ -69,6 +72,7 @@ from ._schema import Grid as Grid
 from ._schema import InlineRef as InlineRef
 from ._schema import PayloadRef as PayloadRef
 from ._schema import PreprocessSpec as PreprocessSpec
+from ._schema import Processor as Processor
 from ._schema import ResizePlan as ResizePlan
 from ._schema import TensorSpec as TensorSpec
 from ._select import BackendChoice as BackendChoice
@@ -78,7 +82,9 @@ from ._views import torch_view as torch_view
 
 __all__ = [
     "DTYPES",
+    "READABLE_VERSIONS",
     "SCHEMA_VERSION",
+    "AlphaRule",
     "ArenaFull",
     "ArenaStatistics",
     "BackendChoice",
@@ -123,6 +129,7 @@ __all__ = [
     "PayloadRef",
     "PeerGone",
     "PreprocessSpec",
+    "Processor",
     "Producer",
     "ProducerStatistics",
     "ReceivedBatch",
@@ -134,6 +141,7 @@ __all__ = [
     "UnknownDtype",
     "choose_backend",
     "encode_batch",
+    "image_size",
     "keeps_alpha",
     "numpy_view",
     "to_pixels",

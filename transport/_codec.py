@@ -26,7 +26,14 @@ from ._errors import (
     SchemaVersionError,
 )
 from ._index import GlobalIndex, GlobalTable
-from ._schema import SCHEMA_VERSION, FeatureEnvelope, InlineRef, _Header, _VersionProbe
+from ._schema import (
+    READABLE_VERSIONS,
+    SCHEMA_VERSION,
+    FeatureEnvelope,
+    InlineRef,
+    _Header,
+    _VersionProbe,
+)
 
 __all__ = ["BatchDecoder", "DecodedBatch", "Limits", "encode_batch"]
 
@@ -109,10 +116,10 @@ class BatchDecoder:
             probe = self._probe.decode(buf)
         except msgspec.MsgspecError as e:
             raise MalformedEnvelope(f"header is not an envelope batch: {e}") from e
-        if probe.version != SCHEMA_VERSION:
+        if probe.version not in READABLE_VERSIONS:
             raise SchemaVersionError(
-                f"batch `version` {probe.version} is not readable by schema version "
-                f"{SCHEMA_VERSION}"
+                f"batch `version` {probe.version} is not readable (versions "
+                f"{list(READABLE_VERSIONS)})"
             )
         try:
             return self._header.decode(buf)

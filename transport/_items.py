@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, get_args
+from typing import Any, TypeVar, get_args
 
 import numpy as np
 import torch
@@ -21,7 +21,7 @@ from ._codec import BatchDecoder, encode_batch
 from ._errors import InvalidRequest, MalformedEnvelope, MmwireError
 from ._handover import MAX_RANKS
 from ._index import GlobalIndex
-from ._pixels import to_pixels
+from ._pixels import image_size, to_pixels
 from ._schema import (
     DTYPES,
     SCHEMA_VERSION,
@@ -47,6 +47,7 @@ _KINDS = frozenset(get_args(Kind))
 _DECODER = BatchDecoder()  # the consumers' default limits: what they would refuse, we refuse
 
 Payload = CpuRef | InlineRef | CudaIpcRef | FabricRef
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -143,16 +144,25 @@ def prepare(
     data = item.data
     if isinstance(data, torch.Tensor) and data.is_cuda:
         data = data.cpu()
-    try:
-        if item.kind == "raw":
-            arr: np.ndarray[Any, Any] = to_pixels(data)
-            dtype = "uint8"
-        else:
-            arr, dtype = _as_array(data, where)
-    except MmwireError as e:
-        raise type(e)(f"{where}: {e}") from e.__cause__
+    if item.kind == "raw":
+        # the spec first, from the size alone: its processor says how to treat alpha
+        width, height = _located(where, image_size, data)
+        spec = _spec(item, (height, width), where)
+        alpha = spec.alpha if spec is not None else "keep"
+        arr: np.ndarray[Any, Any] = _located(where, lambda d: to_pixels(d, alpha=alpha), data)
+        shape = tuple(int(d) for d in arr.shape)
+        return PreparedItem(item, arr, "uint8", shape, spec)
+    arr, dtype = _located(where, lambda d: _as_array(d, where), data)
     shape = tuple(int(d) for d in arr.shape)
     return PreparedItem(item, arr, dtype, shape, _spec(item, shape, where))
+
+
+def _located(where: str, f: Callable[[Any], _T], data: Any) -> _T:
+    """``f(data)``, its ``MmwireError`` prefixed with the item it is about."""
+    try:
+        return f(data)
+    except MmwireError as e:
+        raise type(e)(f"{where}: {e}") from e.__cause__
 
 
 def _spec(item: Item, shape: tuple[int, ...], where: str) -> PreprocessSpec | None:

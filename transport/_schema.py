@@ -29,6 +29,7 @@ from ._index import GlobalIndex
 
 __all__ = [
     "DTYPES",
+    "READABLE_VERSIONS",
     "SCHEMA_VERSION",
     "Background",
     "CpuRef",
@@ -39,12 +40,19 @@ __all__ = [
     "InlineRef",
     "PayloadRef",
     "PreprocessSpec",
+    "Processor",
     "ResizePlan",
     "TensorSpec",
 ]
 
-SCHEMA_VERSION = 1
-"""Version written by this library; decoders refuse any other."""
+SCHEMA_VERSION = 2
+"""Version written by this library."""
+
+READABLE_VERSIONS = (1, 2)
+"""Versions decoders accept. Version 2 added the preprocessing spec's ``processor`` and its
+Qwen-VL fields; a version-1 envelope decodes with their defaults (Kimi's). The version was
+bumped because a version-1 decoder ignores fields it does not know, and would have run a
+Qwen item through Kimi's pipeline."""
 
 DTYPES: dict[str, int] = {
     "uint8": 1,
@@ -64,6 +72,11 @@ _MAX_NDIM = 8
 
 Modality = Literal["image", "video", "audio"]
 Kind = Literal["raw", "processed", "embedding"]
+Processor = Literal["kimi_vl", "qwen2_vl"]
+"""Whose image-processor semantics a raw item follows: ``kimi_vl`` (Kimi-K2.5/K3's NaViT
+plan, rows ``(3, p, p)``) or ``qwen2_vl`` (transformers' ``Qwen2VLImageProcessor``, which
+Qwen2-VL, Qwen2.5-VL and Qwen3-VL share: ``smart_resize``, rows ``(3·T·p·p,)`` by merge
+window)."""
 
 
 class Grid(msgspec.Struct, frozen=True, array_like=True):
@@ -303,6 +316,7 @@ class ResizePlan(msgspec.Struct, frozen=True, kw_only=True):
 
 _MAX_PATCH = 64
 _MAX_MERGE = 8
+_MAX_TEMPORAL = 8
 _MAX_ABS_MEAN = 1e3
 _STD_RANGE = (1e-6, 1e3)
 
@@ -310,11 +324,20 @@ _STD_RANGE = (1e-6, 1e3)
 class PreprocessSpec(msgspec.Struct, frozen=True, kw_only=True):
     """Everything the owner needs to turn a raw item into model inputs.
 
-    ``background`` ``None`` means alpha is dropped (K2.5); see :class:`Background` for K3.
-    ``in_patch_limit``, ``patch_limit_on_one_side`` and ``fixed_output_tokens`` are the
-    checkpoint's plan limits: the owner recomputes ``plan`` from the image's size and these,
-    and refuses a plan that differs, so an envelope cannot ask for more work than its
-    checkpoint allows.
+    ``processor`` names the reference semantics (see :data:`Processor`); the fields after it
+    are that processor's parameters, the others keep their defaults.
+
+    * ``kimi_vl``: ``background`` ``None`` means alpha is dropped after the resize (K2.5);
+      see :class:`Background` for K3. ``in_patch_limit``, ``patch_limit_on_one_side`` and
+      ``fixed_output_tokens`` are the checkpoint's plan limits.
+    * ``qwen2_vl``: ``min_pixels``/``max_pixels`` bound ``smart_resize``'s target, every
+      patch is repeated ``temporal_patch_size`` times in its row, and bytes become values as
+      ``float32(v · rescale_factor)`` then ``(x - mean) / std`` in float32. Transparency is
+      composited over white on the producer, so raw items carry 1 or 3 channels; there is
+      no padding.
+
+    The owner recomputes ``plan`` from the image's size and these limits and refuses a plan
+    that differs, so an envelope cannot ask for more work than its checkpoint allows.
     """
 
     plan: ResizePlan
@@ -326,6 +349,30 @@ class PreprocessSpec(msgspec.Struct, frozen=True, kw_only=True):
     in_patch_limit: int = 16384
     patch_limit_on_one_side: int = 512
     fixed_output_tokens: int | None = None
+    processor: Processor = "kimi_vl"
+    min_pixels: int | None = None
+    max_pixels: int | None = None
+    temporal_patch_size: int = 1
+    rescale_factor: float = 1 / 255
+
+    @property
+    def alpha(self) -> Literal["keep", "white"]:
+        """How the producer treats transparency (``mmwire.transport.to_pixels``): ``keep``
+        it for the owner (Kimi), or composite it over ``white`` first (Qwen-VL)."""
+        return "white" if self.processor == "qwen2_vl" else "keep"
+
+    @property
+    def merge_order(self) -> int:
+        """0: patches row-major over the grid; ``m``: ordered by ``m x m`` merge windows."""
+        return self.merge_kernel[0] if self.processor == "qwen2_vl" else 0
+
+    @property
+    def row_shape(self) -> tuple[int, ...]:
+        """One patch's row of ``pixel_values``: ``(3, p, p)`` or ``(3·T·p·p,)``."""
+        p = self.patch_size
+        if self.processor == "qwen2_vl":
+            return (3 * self.temporal_patch_size * p * p,)
+        return (3, p, p)
 
     def __post_init__(self) -> None:
         if not 0 < self.patch_size <= _MAX_PATCH:
@@ -357,6 +404,13 @@ class PreprocessSpec(msgspec.Struct, frozen=True, kw_only=True):
                     f"`preprocess.image_std` must be in [{lo:g}, {hi:g}], "
                     f"got {list(self.image_std)}"
                 )
+        if self.processor == "qwen2_vl":
+            self._check_qwen()
+        elif (self.temporal_patch_size, self.min_pixels, self.max_pixels) != (1, None, None):
+            raise MalformedEnvelope(
+                "`preprocess.temporal_patch_size`, `min_pixels` and `max_pixels` belong to "
+                "the qwen2_vl processor"
+            )
         p = self.patch_size
         plan = self.plan
         if plan.padded_width % p or plan.padded_height % p:
@@ -369,6 +423,35 @@ class PreprocessSpec(msgspec.Struct, frozen=True, kw_only=True):
             raise GridMismatch(
                 f"`preprocess.plan.grid` {list(plan.grid.dims)} disagrees with the canvas "
                 f"{plan.padded_width}x{plan.padded_height} (expected h, w = {list(expected)})"
+            )
+
+    def _check_qwen(self) -> None:
+        mh, mw = self.merge_kernel
+        if mh != mw:
+            raise DimensionError(f"qwen2_vl needs a square merge kernel, got {[mh, mw]}")
+        if not 0 < self.temporal_patch_size <= _MAX_TEMPORAL:
+            raise DimensionError(
+                f"`preprocess.temporal_patch_size` must be in 1..{_MAX_TEMPORAL}, "
+                f"got {self.temporal_patch_size}"
+            )
+        lo, hi = self.min_pixels, self.max_pixels
+        if lo is None or hi is None or not 0 < lo <= hi:
+            raise DimensionError(
+                f"qwen2_vl needs 0 < `min_pixels` <= `max_pixels`, got {lo} and {hi}"
+            )
+        if not (math.isfinite(self.rescale_factor) and 0 < self.rescale_factor <= 1):
+            raise MalformedEnvelope(
+                f"`preprocess.rescale_factor` must be in (0, 1], got {self.rescale_factor}"
+            )
+        if self.background is not None:
+            raise MalformedEnvelope(
+                "qwen2_vl composites over white on the producer: no `background`"
+            )
+        plan, f = self.plan, self.patch_size * mh
+        if plan.pad_width or plan.pad_height or plan.new_width % f or plan.new_height % f:
+            raise GridMismatch(
+                f"a qwen2_vl plan resizes to multiples of {f} without padding, got "
+                f"{plan.new_width}x{plan.new_height} padded by {plan.pad_width}x{plan.pad_height}"
             )
 
 
@@ -397,9 +480,9 @@ class FeatureEnvelope(msgspec.Struct, frozen=True, kw_only=True):
     digest: str | None = None
 
     def __post_init__(self) -> None:
-        if self.version != SCHEMA_VERSION:
+        if self.version not in READABLE_VERSIONS:
             raise SchemaVersionError(
-                f"`version` {self.version} is not readable by schema version {SCHEMA_VERSION}"
+                f"`version` {self.version} is not readable (versions {list(READABLE_VERSIONS)})"
             )
         where = f"item {self.index.value} of request {self.request_id!r}"
         if not self.consumers:
@@ -437,6 +520,11 @@ class FeatureEnvelope(msgspec.Struct, frozen=True, kw_only=True):
         if len(shape) != 3 or shape[2] not in (1, 3, 4):
             raise DimensionError(
                 f"raw {where} must be (H, W, C) with C in 1/3/4, got {list(shape)}"
+            )
+        if shape[2] == 4 and spec.alpha == "white":
+            raise DimensionError(
+                f"raw {where} is RGBA, but its processor composites transparency over white "
+                "on the producer: 1 or 3 channels"
             )
         if (shape[1], shape[0]) != (spec.plan.width, spec.plan.height):
             raise DimensionError(
