@@ -12,7 +12,9 @@ launch (``mmwire[cuda12]`` / ``mmwire[cuda13]``).
 """
 
 from ._abi import FIELDS as FIELDS
+from ._abi import KIMI_LAYOUT as KIMI_LAYOUT
 from ._abi import RECORD_FIELDS as RECORD_FIELDS
+from ._abi import OutputLayout as OutputLayout
 from ._abi import compile_options as compile_options
 from ._descriptors import ImageJob as ImageJob
 from ._descriptors import Layout as Layout
@@ -21,6 +23,7 @@ from ._launch import SOURCE as SOURCE
 from ._launch import CupyLauncher as CupyLauncher
 from ._launch import Launcher as Launcher
 from ._launch import kernel_source as kernel_source
+from ._ops import output_layout as output_layout
 from ._ops import pack as pack
 from ._ops import preprocess as preprocess
 from ._ops import preprocess_packed as preprocess_packed
@@ -30,15 +33,18 @@ from ._ops import to_device as to_device
 
 __all__ = [
     "FIELDS",
+    "KIMI_LAYOUT",
     "RECORD_FIELDS",
     "SOURCE",
     "CupyLauncher",
     "ImageJob",
     "Launcher",
     "Layout",
+    "OutputLayout",
     "compile_options",
     "kernel_source",
     "layout_of",
+    "output_layout",
     "pack",
     "preprocess",
     "preprocess_packed",

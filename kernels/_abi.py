@@ -9,12 +9,13 @@ to compile without them, so the two sides cannot drift apart.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, NamedTuple
 
 __all__ = [
     "FIELDS",
     "FUSED_MIN_BLOCKS",
     "FUSED_THREADS",
+    "KIMI_LAYOUT",
     "KINDS",
     "MMA_GROUP_SHIFT",
     "MMA_KS",
@@ -28,6 +29,7 @@ __all__ = [
     "UNIT_BYTES",
     "WIDE_UNIT_BYTES",
     "Kind",
+    "OutputLayout",
     "compile_options",
 ]
 
@@ -155,15 +157,28 @@ WIDE_UNIT_BYTES = 16
 """fp32 patches go out in 16-byte units where ``out`` happens to start on 16 bytes."""
 
 
+class OutputLayout(NamedTuple):
+    """How a module writes its rows (``PatchOrder`` in ``patches.cuh``): ``merge`` 0 orders
+    an image's patches row-major over its grid, ``m`` by ``m x m`` merge windows; each row
+    holds every channel's plane ``temporal`` times, ``(3, T, p, p)``."""
+
+    merge: int = 0
+    temporal: int = 1
+
+
+KIMI_LAYOUT = OutputLayout()
+"""Rows ``(3, p, p)``, row-major over the grid."""
+
+
 def _enum(names: tuple[str, ...] | list[str]) -> str:
     """An enum's names as ``MMWIRE_ENUM(A)MMWIRE_ENUM(B)...``: no commas, which nvcc would take
     for separators between defines."""
     return "".join(f"MMWIRE_ENUM({name})" for name in names)
 
 
-def compile_options(patch: int = 0) -> tuple[str, ...]:
-    """The ``-D`` flags every build of the kernels takes: the values above, and the patch
-    size a module is compiled for (0: any, taken as an argument)."""
+def compile_options(patch: int = 0, layout: OutputLayout = KIMI_LAYOUT) -> tuple[str, ...]:
+    """The ``-D`` flags every build of the kernels takes: the values above, the patch size a
+    module is compiled for (0: any, taken as an argument) and its output layout."""
     values = {
         "MMWIRE_FIELDS": _enum(FIELDS),
         "MMWIRE_RECORD_FIELDS": _enum(RECORD_FIELDS),
@@ -181,5 +196,7 @@ def compile_options(patch: int = 0) -> tuple[str, ...]:
         "UNIT_BYTES": str(UNIT_BYTES),
         "WIDE_UNIT_BYTES": str(WIDE_UNIT_BYTES),
         "MMWIRE_PATCH": str(patch),
+        "MMWIRE_MERGE": str(layout.merge),
+        "MMWIRE_TEMPORAL": str(layout.temporal),
     }
     return tuple(f"-D{name}={value}" for name, value in values.items())

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from ._abi import NORM_HEADER, NORM_STRIDE, NORM_VALUES
-from .reference import shared_normalise_table
+from .reference import Normalisation, normalise_table
 
 __all__ = ["BYTE_SCALE", "NORM_HEADER", "NORM_STRIDE", "NORM_VALUES", "affine_form", "table_rows"]
 
@@ -102,15 +102,14 @@ def _step(x: np.float32, n: int) -> np.float32:
 
 
 @lru_cache(maxsize=64)
-def _header(
-    mean: tuple[float, float, float], std: tuple[float, float, float], dtype: torch.dtype
-) -> np.ndarray[Any, Any]:
+def _header(norm: Normalisation, dtype: torch.dtype) -> np.ndarray[Any, Any]:
     """The header's 8 words (u32 mode, f32 a[3] times BYTE_SCALE, f32 b[3], 0) for one
     table."""
     words = np.zeros(8, np.uint32)
     if dtype not in _MODES:
         return words
-    table = shared_normalise_table(mean, std, dtype).view(torch.int16).numpy()
+    mean, std = norm.mean, norm.std
+    table = normalise_table(norm, dtype).view(torch.int16).numpy()
     forms = [affine_form(mean[c], std[c], table[c], dtype) for c in range(3)]
     found = [f for f in forms if f is not None]
     # a 2^133 is exact where finite (a power of two times a normal fp32); past 2^128 (a of
@@ -126,7 +125,7 @@ def _header(
 
 
 def table_rows(
-    stats: tuple[tuple[tuple[float, float, float], tuple[float, float, float]], ...],
+    stats: tuple[Normalisation, ...],
     dtype: torch.dtype,
     affine: bool = True,
 ) -> torch.Tensor:
@@ -135,9 +134,9 @@ def table_rows(
     every header's mode 0 (the table)."""
     storage = torch.int32 if dtype == torch.float32 else torch.int16
     rows = []
-    for mean, std in stats:
-        values = shared_normalise_table(mean, std, dtype).view(storage).reshape(-1)
-        words = _header(mean, std, dtype) if affine else np.zeros(8, np.uint32)
+    for norm in stats:
+        values = normalise_table(norm, dtype).view(storage).reshape(-1)
+        words = _header(norm, dtype) if affine else np.zeros(8, np.uint32)
         header = torch.zeros(NORM_HEADER, dtype=storage)
         header.view(torch.uint8)[: words.nbytes] = torch.from_numpy(words.view(np.uint8))
         rows.append(torch.cat([values, header]))

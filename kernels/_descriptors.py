@@ -493,6 +493,7 @@ def _mma_records(
     row: np.ndarray[Any, np.dtype[np.int64]],
     patch: int,
     axes: tuple[tuple[int, int, bool], tuple[int, int, bool]],
+    merge: int,
 ) -> np.ndarray[Any, np.dtype[np.int32]]:
     """An MMA image's tile records (``RECORD_FIELDS``), in tile order, from its descriptor
     ``row`` and where its axes' fragments and spans are in the tables (``axes``: x then y,
@@ -550,12 +551,21 @@ def _mma_records(
         "R_TILE_W": npw,
         "R_GY0": gy0,
         "R_GX0": gx0,
-        "R_PATCH": f("ROW") + gy0 * grid_w + gx0,
+        "R_PATCH": f("ROW") + patch_index(gy0, gx0, grid_w, merge),
         "R_GRID_W": grid_w,
         "R_TABLE": f("TABLE"),
         "R_FLAGS": flags,
     }
     return _records(values, gy0.size, job)
+
+
+def patch_index(gy: Any, gx: Any, grid_w: int, merge: int = 0) -> Any:
+    """The row of an image's patch ``(gy, gx)`` among its rows (``PatchOrder::index``):
+    row-major over the grid, or by ``merge x merge`` windows (``merge`` > 0)."""
+    if not merge:
+        return gy * grid_w + gx
+    m = merge
+    return ((gy // m) * (grid_w // m) + gx // m) * (m * m) + (gy % m) * m + gx % m
 
 
 def _tiles(row: np.ndarray[Any, np.dtype[np.int64]]) -> tuple[Any, Any, Any, Any]:
@@ -590,7 +600,7 @@ def _records(
 
 
 def _plain_records(
-    job: ImageJob, image: int, row: np.ndarray[Any, np.dtype[np.int64]], patch: int
+    job: ImageJob, image: int, row: np.ndarray[Any, np.dtype[np.int64]], patch: int, merge: int
 ) -> np.ndarray[Any, np.dtype[np.int32]]:
     """An unresized (plain) image's tile records, in tile order, from its descriptor
     ``row``: each tile's first pixel in the source, the part of it inside the image
@@ -617,7 +627,7 @@ def _plain_records(
         "R_TILE_W": npw,
         "R_GY0": gy0,
         "R_GX0": gx0,
-        "R_PATCH": int(row[_F["ROW"]]) + gy0 * grid_w + gx0,
+        "R_PATCH": int(row[_F["ROW"]]) + patch_index(gy0, gx0, grid_w, merge),
         "R_GRID_W": grid_w,
         "R_TABLE": int(row[_F["TABLE"]]),
         "R_FLAGS": _PLAIN,
@@ -687,6 +697,7 @@ def layout_of(
     tensor_cores: bool = False,
     mma_smem: int = MMA_SMEM_BYTES,
     mixed: bool = False,
+    merge: int = 0,
 ) -> Layout:
     """Descriptor rows and coefficient tables for ``jobs`` (a tuple; cached by value).
 
@@ -702,7 +713,8 @@ def layout_of(
     ``patch=0``). With ``tensor_cores`` (a device of compute capability 8.0 or more), images
     resized on both axes (gray, RGB or RGBA) take the MMA kernel when ``patch`` is even and
     their tiles fit ``mma_smem`` bytes; with ``mixed`` a channel count's plain and MMA tiles
-    then share one launch (``_mixed``), its plain tiles of ``MIXED_PLAIN_TILE``.
+    then share one launch (``_mixed``), its plain tiles of ``MIXED_PLAIN_TILE``. ``merge``:
+    the launch's patch order (``OutputLayout.merge``), which its tiles' first rows follow.
     """
     desc = np.zeros((len(jobs), len(FIELDS)), np.int64)
     chunks: list[np.ndarray[Any, np.dtype[np.int32]]] = []
@@ -880,9 +892,9 @@ def layout_of(
     if recorded:
         records = np.concatenate(
             [
-                _mma_records(jobs[i], i, desc[i], patch, axes[i])
+                _mma_records(jobs[i], i, desc[i], patch, axes[i], merge)
                 if kinds[i] == "mma"
-                else _plain_records(jobs[i], i, desc[i], patch)
+                else _plain_records(jobs[i], i, desc[i], patch, merge)
                 for i in recorded
             ]
         )

@@ -1,9 +1,10 @@
 """Loading ``pixels.cu`` with CuPy and launching it on torch's current stream.
 
-The module is compiled once per process, device and patch size (CuPy also caches the
-binary on disk), with the flags of ``compile_options``: a module for one patch size has it
-as a constant (``MMWIRE_PATCH``), so its divisions by it become multiplies. Buffers are
-torch tensors, passed as raw device pointers, and the launches go on
+The module is compiled once per process, device, patch size and output layout (CuPy also
+caches the binary on disk), with the flags of ``compile_options``: a module for one patch
+size has it as a constant (``MMWIRE_PATCH``), so its divisions by it become multiplies; its
+layout (``MMWIRE_MERGE``, ``MMWIRE_TEMPORAL``) is constant too, so Kimi's rows cost nothing
+for Qwen's. Buffers are torch tensors, passed as raw device pointers, and the launches go on
 ``torch.cuda.current_stream()`` so they order with the caller's torch work and need no
 synchronisation.
 """
@@ -20,7 +21,7 @@ import numpy as np
 import torch
 from mmwire.transport import BackendUnavailable
 
-from ._abi import KINDS, Kind, compile_options
+from ._abi import KIMI_LAYOUT, KINDS, Kind, OutputLayout, compile_options
 
 __all__ = ["SOURCE", "CupyLauncher", "Launcher", "kernel_source"]
 
@@ -107,6 +108,7 @@ class Launcher(Protocol):
         patch: int,
         first_tile: int,
         overlap: bool = False,
+        layout: OutputLayout = KIMI_LAYOUT,
     ) -> None:
         """Resize (or its last pass), composite, pad, normalise and patchify, per tile, for
         the tiles ``first_tile ..`` of images with ``channels`` channels and ``kind``
@@ -114,12 +116,18 @@ class Launcher(Protocol):
         for the MMA, plain and mixed kinds this launch's tile records (its rows of
         ``Layout.tile_records``).
         ``overlap``: this launch follows another fused launch of the same call, and may
-        start while that one finishes (the kernel orders its end after that one's)."""
+        start while that one finishes (the kernel orders its end after that one's).
+        ``layout``: how the rows are written (a module is compiled for each)."""
+
+
+ModuleKey = tuple[int, OutputLayout]
+"""A module's patch size (0: any) and output layout."""
 
 
 @cache
-def _module(device_index: int, patch: int = 0) -> Any:
-    """``pixels.cu`` compiled for one device; for one patch size, or any (``patch`` 0)."""
+def _module(device_index: int, key: ModuleKey = (0, KIMI_LAYOUT)) -> Any:
+    """``pixels.cu`` compiled for one device and output layout; for one patch size, or any
+    (patch 0)."""
     try:
         import cupy
     except ImportError as e:
@@ -129,7 +137,7 @@ def _module(device_index: int, patch: int = 0) -> Any:
     with cupy.cuda.Device(device_index):
         module = cupy.RawModule(
             code=kernel_source(),
-            options=("-std=c++17", *compile_options(patch)),
+            options=("-std=c++17", *compile_options(*key)),
             name_expressions=tuple(_FUSED.values()),
         )
         module.compile()
@@ -166,7 +174,9 @@ class CupyLauncher:
 
     ``patch_modules``: False runs every patch size through one module that takes it as an
     argument (the same bytes; to compare the two). ``affine_normalise``: False makes bf16
-    and fp16 launches read the normalise tables as fp32 does (the same bytes).
+    and fp16 launches read the normalise tables as fp32 does (the same bytes). Modules for
+    other output layouts (Qwen-VL's rows) compile at their first launch, or up front with
+    :meth:`compile`.
     """
 
     def __init__(
@@ -181,18 +191,26 @@ class CupyLauncher:
             raise BackendUnavailable(f"the CUDA kernels need a CUDA device, got {device}")
         self._index = device.index if device.index is not None else torch.cuda.current_device()
         self.device = torch.device("cuda", self._index)
-        self._functions: dict[tuple[str, int], Any] = {}  # (name, module's patch): kernel
+        self._functions: dict[tuple[str, ModuleKey], Any] = {}  # (name, module): kernel
         self._patch_modules = patch_modules
         self._affine_normalise = affine_normalise
-        self._modules = [p if patch_modules else 0 for p in patches] or [0]  # compiled here
-        for patch in self._modules:
-            _module(self._index, patch)
+        self._modules: list[ModuleKey] = []  # compiled here
+        for patch in patches or (0,):
+            self.compile(patch)
         self._streams: dict[int, Any] = {}
         # what each kernel may take now, once asked
-        self._dynamic_smem: dict[tuple[str, int], int] = {}
+        self._dynamic_smem: dict[tuple[str, ModuleKey], int] = {}
         capability = torch.cuda.get_device_capability(self._index)
         self._tensor_cores = capability >= (8, 0)
         self._overlap = capability >= (9, 0) and _launch_ex() is not None
+
+    def compile(self, patch: int, layout: OutputLayout = KIMI_LAYOUT) -> None:
+        """Compile (or load from CuPy's cache) the module for ``patch`` and ``layout`` now,
+        rather than at its first launch."""
+        key = (patch if self._patch_modules else 0, layout)
+        _module(self._index, key)
+        if key not in self._modules:
+            self._modules.append(key)
 
     @property
     def tensor_cores(self) -> bool:
@@ -202,18 +220,19 @@ class CupyLauncher:
     def affine_normalise(self) -> bool:
         return self._affine_normalise
 
-    def _function(self, name: str, patch: int | None) -> tuple[Any, tuple[str, int]]:
-        """The kernel ``name`` from the module for ``patch`` (None: the first compiled here)."""
-        if patch is None:
-            patch = self._modules[0]
+    def _function(self, name: str, module: ModuleKey | None) -> tuple[Any, tuple[str, ModuleKey]]:
+        """The kernel ``name`` from the module for ``module`` (None: the first compiled
+        here)."""
+        if module is None:
+            module = self._modules[0]
         elif not self._patch_modules:
-            patch = 0
-        key = (name, patch)
+            module = (0, module[1])
+        key = (name, module)
         fn = self._functions.get(key)
         if fn is None:
-            fn = self._functions[key] = _module(self._index, patch).get_function(name)
-            if patch not in self._modules:
-                self._modules.append(patch)
+            fn = self._functions[key] = _module(self._index, module).get_function(name)
+            if module not in self._modules:
+                self._modules.append(module)
         return fn, key
 
     def _launch(
@@ -224,7 +243,7 @@ class CupyLauncher:
         args: tuple[Any, ...],
         smem: int = 0,
         overlap: bool = False,
-        patch: int | None = None,
+        module: ModuleKey | None = None,
     ) -> None:
         if grid[0] <= 0 or grid[1] <= 0:
             return
@@ -238,7 +257,7 @@ class CupyLauncher:
         if stream is None:
             stream = self._streams[handle] = _cupy_stream(handle, self._index)
         with cupy.cuda.Device(self._index), stream:
-            fn, key = self._function(name, patch)
+            fn, key = self._function(name, module)
             # opt in past what the kernel may take: 48 KiB less its own static arrays, so
             # a launch can need it with less than 48 KiB of dynamic shared memory
             allowed = self._dynamic_smem.get(key)
@@ -295,11 +314,13 @@ class CupyLauncher:
         patch: int,
         first_tile: int,
         overlap: bool = False,
+        layout: OutputLayout = KIMI_LAYOUT,
     ) -> None:
         overlap = overlap and self._overlap
         ints = (np.int32(patch), np.int32(first_tile), np.int32(overlap))
         args = (src, mid, desc, tab, table, tiles, out, *ints)
-        self._launch(_FUSED[bits, channels, kind], grid, block, args, smem, overlap, patch)
+        name = _FUSED[bits, channels, kind]
+        self._launch(name, grid, block, args, smem, overlap, (patch, layout))
 
 
 @cache

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from mmwire.transport import PreprocessSpec
 
-from ._abi import FUSED_THREADS, UNIT_BYTES
+from ._abi import FUSED_THREADS, UNIT_BYTES, OutputLayout
 from ._affine import table_rows
 from ._descriptors import (
     MMA_SMEM_BYTES,
@@ -33,8 +33,9 @@ from ._descriptors import (
     layout_of,
 )
 from ._launch import CupyLauncher, Dims, Launcher
+from .reference import Normalisation, normalisation_of
 
-__all__ = ["pack", "preprocess", "preprocess_packed", "resize", "resize_packed"]
+__all__ = ["output_layout", "pack", "preprocess", "preprocess_packed", "resize", "resize_packed"]
 
 _BITS = {torch.float32: 32, torch.bfloat16: 16, torch.float16: 16}
 _STORAGE = {32: torch.int32, 16: torch.int16}
@@ -129,7 +130,7 @@ def _default_launcher(device: torch.device) -> CupyLauncher:
 
 @lru_cache(maxsize=64)
 def _device_tables(
-    stats: tuple[tuple[tuple[float, float, float], tuple[float, float, float]], ...],
+    stats: tuple[Normalisation, ...],
     dtype: torch.dtype,
     device: torch.device,
     affine: bool,
@@ -178,9 +179,11 @@ class _Plan:
 
     layout: Layout
     jobs: tuple[ImageJob, ...]
-    stats: tuple[tuple[tuple[float, float, float], tuple[float, float, float]], ...]
-    """The launch's distinct (mean, std) pairs: one normalise table each."""
+    stats: tuple[Normalisation, ...]
+    """The launch's distinct normalisations: one normalise table each."""
     patch: int
+    output: OutputLayout
+    row_shape: tuple[int, ...]
 
 
 @lru_cache(maxsize=256)
@@ -201,15 +204,19 @@ def _plan(
     if len(sizes) != 1:
         raise ValueError(f"images of one launch use different patch sizes {sorted(sizes)}")
     p = sizes.pop()
+    outputs = {output_layout(s) for s in specs}
+    if len(outputs) != 1:
+        raise ValueError(f"images of one launch use different output layouts {sorted(outputs)}")
+    output = outputs.pop()
     if rows is not None and len(rows) != len(specs):
         raise ValueError(f"{len(rows)} rows for {len(specs)} images")
-    stats: dict[tuple[Any, Any], int] = {}
+    stats: dict[Normalisation, int] = {}
     jobs = []
     for i, ((h, w, c), spec) in enumerate(zip(shapes, specs)):
         plan = spec.plan
         if (plan.width, plan.height) != (w, h):
             raise ValueError(f"image is {w}x{h} but its plan says {plan.width}x{plan.height}")
-        key = (spec.image_mean, spec.image_std)
+        key = normalisation_of(spec)
         jobs.append(
             ImageJob(
                 in_w=w,
@@ -224,8 +231,17 @@ def _plan(
                 row=None if rows is None else rows[i],
             )
         )
-    layout = layout_of(tuple(jobs), pillow, p, tile_smem, tensor_cores, mma_smem, mixed=True)
-    return _Plan(layout, tuple(jobs), tuple(stats), p)
+    layout = layout_of(
+        tuple(jobs), pillow, p, tile_smem, tensor_cores, mma_smem, mixed=True, merge=output.merge
+    )
+    return _Plan(layout, tuple(jobs), tuple(stats), p, output, specs[0].row_shape)
+
+
+def output_layout(spec: PreprocessSpec) -> OutputLayout:
+    """How the kernels write a spec's rows (a module is compiled for each layout)."""
+    if spec.processor == "qwen2_vl":
+        return OutputLayout(spec.merge_order, spec.temporal_patch_size)
+    return OutputLayout()
 
 
 def preprocess_packed(
@@ -241,8 +257,9 @@ def preprocess_packed(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The pixel pipeline over images already packed in ``src`` (see :func:`pack`).
 
-    Returns ``(pixel_values, grid_thw)``: ``(Σ patches, 3, p, p)`` in ``dtype`` and ``(N, 3)``
-    int64, on ``src``'s device, equal byte for byte to the CPU path
+    Returns ``(pixel_values, grid_thw)``: ``(Σ patches, *row_shape)`` in ``dtype`` (the
+    specs' ``row_shape``: ``(3, p, p)`` for Kimi, ``(3·T·p·p,)`` for Qwen-VL; one per
+    launch) and ``(N, 3)`` int64, on ``src``'s device, equal byte for byte to the CPU path
     (``mmwire.materialize.preprocess_images``) under the same Pillow version. With ``out``
     (and optionally ``rows``, each image's first output row) the patches are written into
     ``out`` instead, so other items' rows can sit between them; ``out`` is returned.
@@ -258,7 +275,7 @@ def preprocess_packed(
         _tensor_cores(src.device, launcher),
         _mma_smem(src.device),
     )
-    layout, jobs, p = plan.layout, plan.jobs, plan.patch
+    layout, jobs, p, row_shape = plan.layout, plan.jobs, plan.patch, plan.row_shape
     _check_source(src, layout)
     if src.data_ptr() % 4:  # raw MMA windows (R_RAW) read the source's rows as words
         src = src.clone()
@@ -266,9 +283,9 @@ def preprocess_packed(
     if layout.tiles > _MAX_GRID_X or p > FUSED_THREADS:
         raise ValueError(f"{layout.patches} patches of {p}x{p} do not fit one launch")
     if out is None:
-        out = torch.empty((layout.patches, 3, p, p), dtype=dtype, device=device)
+        out = torch.empty((layout.patches, *row_shape), dtype=dtype, device=device)
     else:
-        _check_out(out, jobs, p, dtype, device)  # everything is checked before any launch
+        _check_out(out, jobs, row_shape, dtype, device)  # everything is checked before any launch
     run = _launcher_for(device, launcher)
     desc, tab, grids, tiles, records = _device_layout(layout, device)
     table = _device_tables(plan.stats, dtype, device, run.affine_normalise)
@@ -310,6 +327,7 @@ def preprocess_packed(
             p,
             first,
             overlap=i > 0,
+            layout=plan.output,
         )
     return out, grids.clone()  # callers own their grid_thw
 
@@ -401,12 +419,18 @@ def resize(
 
 
 def _check_out(
-    out: torch.Tensor, jobs: Sequence[ImageJob], p: int, dtype: torch.dtype, device: torch.device
+    out: torch.Tensor,
+    jobs: Sequence[ImageJob],
+    row_shape: tuple[int, ...],
+    dtype: torch.dtype,
+    device: torch.device,
 ) -> None:
     if out.dtype != dtype or out.device != device or not out.is_contiguous():
         raise ValueError(f"`out` must be a contiguous {dtype} tensor on {device}")
-    if out.ndim != 4 or tuple(out.shape[1:]) != (3, p, p):
-        raise ValueError(f"`out` must be (rows, 3, {p}, {p}), got {list(out.shape)}")
+    if tuple(out.shape[1:]) != row_shape:
+        raise ValueError(
+            f"`out` must be (rows, {', '.join(map(str, row_shape))}), got {list(out.shape)}"
+        )
     if out.data_ptr() % UNIT_BYTES:  # the kernels store 8 bytes at a time
         raise ValueError(f"`out` must start at a multiple of {UNIT_BYTES} bytes")
     spans, packed = [], 0

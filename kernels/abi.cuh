@@ -5,13 +5,15 @@
 // the tile record's field orders (MMWIRE_FIELDS, MMWIRE_RECORD_FIELDS), the fused kernel's
 // kinds (MMWIRE_KINDS), the records' flags (R_*), the normalise tables' layout (NORM_*), the
 // MMA limits (MMA_*), the fused launch bounds (FUSED_*), the store units (*UNIT_BYTES) and
-// the patch size a module is compiled for (MMWIRE_PATCH, 0 for any). None is set here, so a
+// the patch size a module is compiled for (MMWIRE_PATCH, 0 for any) and its output layout
+// (MMWIRE_MERGE, MMWIRE_TEMPORAL: see patches.cuh). None is set here, so a
 // build without them stops at the check below rather than disagreeing with the host.
 #pragma once
 
 #if !defined(MMWIRE_FIELDS) || !defined(MMWIRE_RECORD_FIELDS) || !defined(MMWIRE_KINDS) || \
     !defined(NORM_STRIDE) || !defined(MMA_KS) || !defined(FUSED_THREADS) ||                 \
-    !defined(UNIT_BYTES) || !defined(MMWIRE_PATCH)
+    !defined(UNIT_BYTES) || !defined(MMWIRE_PATCH) || !defined(MMWIRE_MERGE) ||          \
+    !defined(MMWIRE_TEMPORAL)
 #error "compile the kernels with the flags of mmwire.kernels.compile_options()"
 #endif
 

@@ -1,6 +1,7 @@
 // Writing patches: source loads, the normalise step, and the stores of the patch layout.
 //
-// What it computes: the output's (patches, 3, p, p) values of a tile's pixels, read either
+// What it computes: the output's rows of a tile's patches (PatchOrder, below: (3, p, p) or
+// (3, T, p, p) a row, row-major or by merge window) from its pixels, read either
 // from the source or from rows staged in shared memory (plain_runs, plain_units, which the
 // plain tiles use and the MMA and general tiles reuse for their write-out); the word loads
 // that read only bytes of the image (load_words, load_bytes, stage_row); the units a thread
@@ -57,6 +58,54 @@ __device__ __forceinline__ void store_run(T* __restrict__ o, const T (&v)[V]) {
 template <typename T>
 __device__ __forceinline__ bool wide_units(const T* out) {
   return sizeof(T) == 4 && ((unsigned long long)out & (WIDE_UNIT_BYTES - 1)) == 0;
+}
+
+// ---- The output layout: which row a patch goes to, and the planes of a row ----
+// A module is compiled for one layout (kernels/_abi.py's OutputLayout, as MMWIRE_MERGE and
+// MMWIRE_TEMPORAL). MMWIRE_MERGE 0 orders an image's patches row-major over its grid (Kimi);
+// m > 0 orders them by m x m merge windows, the windows row-major and the patches row-major
+// inside each (Qwen-VL, whose grids are multiples of m). A row holds each channel's plane
+// MMWIRE_TEMPORAL times over: (3, T, p, p), the image repeated along the temporal axis (T = 1:
+// Kimi's (3, p, p)). Every plane is p * p contiguous values either way, so the write-outs
+// below store planes as they did; only a patch's row and its planes' offsets depend on it.
+constexpr int LAYOUT_MERGE = MMWIRE_MERGE;
+constexpr int LAYOUT_T = MMWIRE_TEMPORAL;
+
+// Values in one output row.
+__device__ __forceinline__ int row_values(int p) { return 3 * LAYOUT_T * p * p; }
+
+// Where a tile's patches go: patch (gy, gx) of an image's grid (gw patches a row) is row
+// index(gy, gx) of the image's rows; offset(ky, kx) is the tile's patch (ky, kx) counted
+// from the tile's first patch (gy0, gx0), which is never after it in either order.
+struct PatchOrder {
+  int gw, gy0, gx0;
+  __device__ __forceinline__ int index(int gy, int gx) const {
+    if constexpr (LAYOUT_MERGE == 0) {
+      return gy * gw + gx;
+    } else {
+      constexpr int m = LAYOUT_MERGE;
+      return ((gy / m) * (gw / m) + gx / m) * (m * m) + (gy % m) * m + gx % m;
+    }
+  }
+  __device__ __forceinline__ int offset(int ky, int kx) const {
+    if constexpr (LAYOUT_MERGE == 0) {
+      return ky * gw + kx;
+    } else {
+      return index(gy0 + ky, gx0 + kx) - index(gy0, gx0);
+    }
+  }
+};
+
+// The three planes' values r[c] of a run stored at o, an offset into a row's first plane:
+// each plane LAYOUT_T times.
+template <int N, typename Norm, typename T>
+__device__ __forceinline__ void store_planes(const Norm& norm, T* __restrict__ o, int pp,
+                                             const typename Norm::V (&r)[3][N]) {
+#pragma unroll
+  for (int c = 0; c < 3; ++c) {
+#pragma unroll
+    for (int t = 0; t < LAYOUT_T; ++t) norm.template store<N>(o + (c * LAYOUT_T + t) * pp, r[c]);
+  }
 }
 
 // ---- Normalise: a byte of plane c to the output's bits ----
@@ -343,9 +392,9 @@ struct Units {
     ry = ky * p + py;
     cx = kx * p + e - py * p;
   }
-  // The unit's first value in the tile's patches (32-bit, from its first patch).
-  __device__ __forceinline__ int offset(int p, int gw) const {
-    return (ky * gw + kx) * 3 * p * p + U * u;
+  // The unit's first value in the tile's patches (32-bit, from its first patch's row).
+  __device__ __forceinline__ int offset(int p, const PatchOrder& order) const {
+    return order.offset(ky, kx) * row_values(p) + U * u;
   }
   __device__ __forceinline__ void next(int npw) {
     u += du;
@@ -363,13 +412,14 @@ struct Units {
 
 // Calls f(ry, cx, at) for each unit of a tile's patches (nph x npw) a thread writes: ry[i],
 // cx[i] the tile pixel of its run i, `at` its first value's offset from the tile's first
-// patch (32-bit; gw patches a canvas row). Where a patch plane has no more units than the
+// patch's row (32-bit; where its patches go: order). Where a patch plane has no more units than the
 // block has threads, the block takes `per` patches at a time, thread tid unit tid % units
 // of patch tid / units (threads past per * units take none): the same unit of every patch
 // it visits, so where its runs lie in a patch is worked out once and a move divides
 // nothing. Else the Units walk.
 template <int U, typename F>
-__device__ __forceinline__ void for_each_unit(int p, int nph, int npw, int gw, F f) {
+__device__ __forceinline__ void for_each_unit(int p, int nph, int npw, const PatchOrder& order,
+                                              F f) {
   const int tid = threadIdx.y * blockDim.x + threadIdx.x, nt = blockDim.x * blockDim.y;
   const int pp = p * p, units = pp / U;
   int ry[U / 2], cx[U / 2];
@@ -377,7 +427,7 @@ __device__ __forceinline__ void for_each_unit(int p, int nph, int npw, int gw, F
     for (Units<U> k(p, npw); k.ky < nph; k.next(npw)) {
 #pragma unroll
       for (int run = 0; run < U / 2; ++run) k.run_at(run, p, ry[run], cx[run]);
-      f(ry, cx, k.offset(p, gw));
+      f(ry, cx, k.offset(p, order));
     }
     return;
   }
@@ -396,7 +446,7 @@ __device__ __forceinline__ void for_each_unit(int p, int nph, int npw, int gw, F
       ry[run] = ky * p + py[run];
       cx[run] = kx * p + px[run];
     }
-    f(ry, cx, (ky * gw + kx) * 3 * pp + U * u);
+    f(ry, cx, order.offset(ky, kx) * row_values(p) + U * u);
     kx += per;
     while (kx >= npw) {
       kx -= npw;
@@ -480,11 +530,12 @@ struct SourceRows {
 // bytes with a few word loads and writes each plane's V values in one store. o0 is the
 // tile's first patch; (vh, vw) the part of the tile inside the image. The block's threads
 // are its (x, y), the plain launch's block being (p / V, 256 / (p / V)); FLAT (a mixed
-// launch's (32, 8) block) lays its threads out that way, by their index.
+// launch's (32, 8) block) lays its threads out that way, by their index. order: where the
+// tile's patches go, from o0.
 template <int CH, int V, bool FLAT, typename Rows, typename Norm, typename T>
 __device__ __forceinline__ void plain_runs(const Rows& rows, const i64* d, const Norm& norm,
-                                           T* __restrict__ o0, int p, int gw, int nph, int npw,
-                                           int vh, int vw, int y0, int x0) {
+                                           T* __restrict__ o0, int p, const PatchOrder& order,
+                                           int nph, int npw, int vh, int vw, int y0, int x0) {
   int tx = threadIdx.x, ty = threadIdx.y, bx = blockDim.x, by = blockDim.y;
   if constexpr (FLAT) {
     const int tid = ty * bx + tx, nt = bx * by;
@@ -497,14 +548,13 @@ __device__ __forceinline__ void plain_runs(const Rows& rows, const i64* d, const
   const int pp = p * p;
   for (PatchRow k(ty, by, p, npw); k.ky < nph; k.next(p, npw)) {
     const int ry = k.ky * p + k.py, cx = k.kx * p;  // the row and first column in the tile
-    T* o = o0 + ((k.ky * gw + k.kx) * 3 * pp + k.py * p);
+    T* o = o0 + (order.offset(k.ky, k.kx) * row_values(p) + k.py * p);
     const u8* s = rows.row(ry) + cx * CH;
     for (int px = tx * V; px < p; px += bx * V) {
       const int n = ry < vh ? min(V, vw - cx - px) : 0;  // pixels of the run in the image
       typename Norm::V r[3][V];
       run_values<CH, V, Rows::SHARED>(s + px * CH, n, d, y0 + ry, x0 + cx + px, norm, r, 0);
-#pragma unroll
-      for (int c = 0; c < 3; ++c) norm.template store<V>(o + c * pp + px, r[c]);
+      store_planes<V>(norm, o + px, pp, r);
     }
   }
 }
@@ -515,14 +565,15 @@ __device__ __forceinline__ void plain_runs(const Rows& rows, const i64* d, const
 // the pairs, which suit its unstaged loads; RGBA too: its composite needs the registers).
 template <int CH, int U, typename Rows, typename Norm, typename T>
 __device__ __forceinline__ void plain_units(const Rows& rows, const i64* d, const Norm& norm,
-                                            T* __restrict__ o0, int p, int gw, int nph, int npw,
-                                            int vh, int vw, int y0, int x0) {
+                                            T* __restrict__ o0, int p, const PatchOrder& order,
+                                            int nph, int npw, int vh, int vw, int y0, int x0) {
   const int pp = p * p;
   // INSIDE: the whole tile lies in the image (no padding), so every run has both pixels and
   // the loop is compiled without the checks (most tiles; those at the canvas's right and
   // bottom edges take the general loop)
   auto units = [&](auto inside) {
-    for_each_unit<U>(p, nph, npw, gw, [&](const int (&ry)[U / 2], const int (&cx)[U / 2], int at) {
+    for_each_unit<U>(p, nph, npw, order, [&](const int (&ry)[U / 2], const int (&cx)[U / 2],
+                                             int at) {
       typename Norm::V r[3][U];
 #pragma unroll
       for (int run = 0; run < U / 2; ++run) {
@@ -531,8 +582,7 @@ __device__ __forceinline__ void plain_units(const Rows& rows, const i64* d, cons
         run_values<CH, 2, Rows::SHARED>(rows.row(ry[run]) + cx[run] * CH, n, d, y0 + ry[run],
                                         x0 + cx[run], norm, r, 2 * run);
       }
-#pragma unroll
-      for (int c = 0; c < 3; ++c) norm.template store<U>(o0 + at + c * pp, r[c]);
+      store_planes<U>(norm, o0 + at, pp, r);
     });
   };
   if (vh == nph * p && vw == npw * p) {

@@ -1,14 +1,18 @@
 """The exact Pillow reference math that the CPU pipeline and the CUDA kernels both keep.
 
-It depends on numpy, torch and Pillow only, so ``mmwire.materialize`` (the CPU path) and the
-kernels' host code share it without importing each other.
+It depends on numpy, torch, Pillow and ``mmwire.transport``'s types only, so
+``mmwire.materialize`` (the CPU path) and the kernels' host code share it without importing
+each other.
 
 * BICUBIC: Q22 coefficient tables (what the CUDA kernels upload), the pass order of the
   installed Pillow, and :func:`resize_reference`, an independent vectorised re-implementation
   tested ``==`` against Pillow. The CPU pipeline itself calls Pillow (exact by definition,
   and it releases the GIL).
-* Normalise: :func:`shared_normalise_table`, the per-channel 256-entry table of
-  ``(v/255 - mean) / std`` computed in float64 and rounded once to the output dtype.
+* Normalise: a per-channel 256-entry table, in the arithmetic of the item's reference
+  (:class:`Normalisation`): Kimi's ``(v/255 - mean) / std`` computed in float64 and rounded
+  once to the output dtype (:func:`shared_normalise_table`), or transformers' Pillow
+  backend's ``float32(v · rescale)`` (the product in float64), then ``(x - mean) / std``
+  in float32, then the output dtype.
 
 Facts (Pillow ``Resample.c``): Keys cubic with a = -0.5, support 2 widened by the
 downscale factor, taps outside the image dropped and the rest renormalised by their
@@ -22,15 +26,19 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import PIL
 import torch
+from mmwire.transport import PreprocessSpec
 
 __all__ = [
     "Coefficients",
+    "Normalisation",
     "bicubic_coefficients",
+    "normalisation_of",
+    "normalise_table",
     "pass_order",
     "resize_reference",
     "shared_normalise_table",
@@ -189,3 +197,39 @@ def shared_normalise_table(
     v = np.arange(256, dtype=np.float64)
     table64 = np.stack([(v / 255.0 - mean[c]) / std[c] for c in range(3)])
     return torch.from_numpy(table64).to(dtype)
+
+
+class Normalisation(NamedTuple):
+    """How a byte of channel c becomes a value: the statistics and the reference's arithmetic.
+
+    ``float64``: ``(v/255 - mean[c]) / std[c]`` in float64, rounded once (Kimi);
+    ``float32``: ``float32(v · rescale)`` (the product in float64), then
+    ``(x - float32(mean[c])) / float32(std[c])`` in float32 (transformers' Pillow backend).
+    """
+
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    arithmetic: Literal["float64", "float32"] = "float64"
+    rescale: float = 1 / 255
+
+
+def normalisation_of(spec: PreprocessSpec) -> Normalisation:
+    """The normalisation a raw item's spec asks for."""
+    if spec.processor == "qwen2_vl":
+        return Normalisation(spec.image_mean, spec.image_std, "float32", spec.rescale_factor)
+    return Normalisation(spec.image_mean, spec.image_std)
+
+
+@lru_cache(maxsize=64)
+def normalise_table(norm: Normalisation, dtype: torch.dtype) -> torch.Tensor:
+    """``(3, 256)``: each byte of each channel normalised as ``norm`` says, in ``dtype``.
+
+    Cached and shared between callers: read it, never write it.
+    """
+    if norm.arithmetic == "float64":
+        return shared_normalise_table(norm.mean, norm.std, dtype)
+    v = (np.arange(256, dtype=np.float64) * norm.rescale).astype(np.float32)
+    mean = np.asarray(norm.mean, dtype=np.float32)
+    std = np.asarray(norm.std, dtype=np.float32)
+    table32 = np.stack([(v - mean[c]) / std[c] for c in range(3)])
+    return torch.from_numpy(table32).to(dtype)

@@ -228,12 +228,14 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
   // through the normalise table into the patches, as an unresized tile (the rows and
   // columns past the resized image came out 0: the padding; RGBA is unpremultiplied and
   // composited first, inside the resized image only)
-  T* o0 = out + (i64)rec[R_PATCH] * 3 * p * p;  // patch offsets are 32-bit
-  const int pp = p * p, gw = rec[R_GRID_W];
+  T* o0 = out + (i64)rec[R_PATCH] * row_values(p);  // patch offsets are 32-bit
+  const int pp = p * p;
+  const PatchOrder order{rec[R_GRID_W], rec[R_GY0], rec[R_GX0]};
   auto write_units = [&](auto unit, auto norm) {
     constexpr int U = decltype(unit)::value;
     using Norm = decltype(norm);
-    for_each_unit<U>(p, nph, npw, gw, [&](const int (&ry)[U / 2], const int (&cx)[U / 2], int at) {
+    for_each_unit<U>(p, nph, npw, order, [&](const int (&ry)[U / 2], const int (&cx)[U / 2],
+                                             int at) {
       typename Norm::V r[3][U];
 #pragma unroll
       for (int run = 0; run < U / 2; ++run) {
@@ -261,8 +263,7 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
           }
         }
       }
-#pragma unroll
-      for (int c = 0; c < 3; ++c) norm.template store<U>(o0 + at + c * pp, r[c]);
+      store_planes<U>(norm, o0 + at, pp, r);
     });
   };
   with_norm(tb, [&](auto norm) __attribute__((always_inline)) {
@@ -294,10 +295,11 @@ __device__ __forceinline__ void plain_tile(const u8* __restrict__ src,
   block_copy((u64*)tb, (const u64*)(table + rec[R_TABLE]), (int)(NORM_STRIDE * sizeof(T) / 8));
   if constexpr (CH == 4) block_copy(d, desc + (i64)rec[R_IMAGE] * NF, NF);
   const int row = rec[R_ROW_BYTES], nph = rec[R_TILE_H], npw = rec[R_TILE_W];
-  const int gw = rec[R_GRID_W], vh = rec[R_USED_H], vw = rec[R_USED_W];
+  const int vh = rec[R_USED_H], vw = rec[R_USED_W];
   const int y0 = rec[R_GY0] * p, x0 = rec[R_GX0] * p;
+  const PatchOrder order{rec[R_GRID_W], rec[R_GY0], rec[R_GX0]};  // where its patches go
   const u8* s0 = src + (i64)(((u64)(unsigned)rec[R_SRC_HI] << 32) | (unsigned)rec[R_SRC_LO]);
-  T* o0 = out + (i64)rec[R_PATCH] * 3 * p * p;
+  T* o0 = out + (i64)rec[R_PATCH] * row_values(p);
   const SourceRows source{s0, row};
   constexpr bool STAGE = CH != 4 && (sizeof(T) == 4 || FLAT);
   const StagedRows staged{plain_pitch(npw * p * CH), (unsigned)(u64)s0, (unsigned)row};
@@ -310,18 +312,18 @@ __device__ __forceinline__ void plain_tile(const u8* __restrict__ src,
   with_norm(tb, [&](auto nm) __attribute__((always_inline)) {
     if constexpr (STAGE) {
       if ((p & 1) != 0) {
-        plain_runs<CH, 1, FLAT>(staged, d, nm, o0, p, gw, nph, npw, vh, vw, y0, x0);
+        plain_runs<CH, 1, FLAT>(staged, d, nm, o0, p, order, nph, npw, vh, vw, y0, x0);
       } else if (sizeof(T) == 2 || wide_units(out)) {  // 16-bit: 8-byte units, as unstaged
-        plain_units<CH, 4>(staged, d, nm, o0, p, gw, nph, npw, vh, vw, y0, x0);
+        plain_units<CH, 4>(staged, d, nm, o0, p, order, nph, npw, vh, vw, y0, x0);
       } else {
-        plain_runs<CH, 2, FLAT>(staged, d, nm, o0, p, gw, nph, npw, vh, vw, y0, x0);
+        plain_runs<CH, 2, FLAT>(staged, d, nm, o0, p, order, nph, npw, vh, vw, y0, x0);
       }
     } else if ((p & 1) != 0) {
-      plain_runs<CH, 1, FLAT>(source, d, nm, o0, p, gw, nph, npw, vh, vw, y0, x0);
+      plain_runs<CH, 1, FLAT>(source, d, nm, o0, p, order, nph, npw, vh, vw, y0, x0);
     } else if constexpr (CH == 4) {
-      plain_runs<CH, 2, FLAT>(source, d, nm, o0, p, gw, nph, npw, vh, vw, y0, x0);
+      plain_runs<CH, 2, FLAT>(source, d, nm, o0, p, order, nph, npw, vh, vw, y0, x0);
     } else {
-      plain_units<CH, UNIT_BYTES / sizeof(T)>(source, d, nm, o0, p, gw, nph, npw, vh, vw, y0,
+      plain_units<CH, UNIT_BYTES / sizeof(T)>(source, d, nm, o0, p, order, nph, npw, vh, vw, y0,
                                               x0);
     }
   });
@@ -348,7 +350,8 @@ __device__ __forceinline__ void fused_tile(const u8* __restrict__ src, const u8*
   const int vy1 = min(y0 + nph * p, out_h), vx1 = min(x0 + npw * p, out_w);
   const bool tiled = d[TILED] != 0 && vy1 > y0 && vx1 > x0;
   const int p1 = (int)d[PASS1], p2 = (int)d[PASS2];
-  const i64 first_patch = d[ROW] + (i64)gy0 * gw + gx0;
+  const PatchOrder order{gw, gy0, gx0};
+  const i64 first_patch = d[ROW] + order.index(gy0, gx0);
   const int pp = p * p;
   // the tile's patches, V pixels of a patch row at a time (V = 2 when p is even; an odd p
   // goes pixel by pixel): resized(y, x, v) gives a canvas pixel inside the resized image;
@@ -356,7 +359,7 @@ __device__ __forceinline__ void fused_tile(const u8* __restrict__ src, const u8*
   auto write_runs = [&](auto run, auto resized) {
     constexpr int V = decltype(run)::value;
     for (PatchRow k(ty, by, p, npw); k.ky < nph; k.next(p, npw)) {
-      T* o = out + (first_patch + (i64)k.ky * gw + k.kx) * 3 * pp + k.py * p;
+      T* o = out + (first_patch + order.offset(k.ky, k.kx)) * row_values(p) + k.py * p;
       const int y = (gy0 + k.ky) * p + k.py;
       const int xp = (gx0 + k.kx) * p;
       for (int px = tx * V; px < p; px += bx * V) {
@@ -374,7 +377,10 @@ __device__ __forceinline__ void fused_tile(const u8* __restrict__ src, const u8*
           for (int c = 0; c < 3; ++c) r[c][i] = tb[256 * c + rgb[c]];
         }
 #pragma unroll
-        for (int c = 0; c < 3; ++c) store_run<V>(o + c * pp + px, r[c]);
+        for (int c = 0; c < 3; ++c) {
+#pragma unroll
+          for (int t = 0; t < LAYOUT_T; ++t) store_run<V>(o + (c * LAYOUT_T + t) * pp + px, r[c]);
+        }
       }
     }
   };

@@ -11,18 +11,19 @@ from pathlib import Path
 
 import torch
 from mmwire.kernels import SOURCE, compile_options
-from mmwire.kernels._abi import KINDS, Kind
+from mmwire.kernels._abi import KIMI_LAYOUT, KINDS, Kind, OutputLayout
 
 HERE = Path(__file__).resolve().parent / "kernel_host"
 
 
-def build(out_dir: Path, patch: int = 0) -> Path:
+def build(out_dir: Path, patch: int = 0, layout: OutputLayout = KIMI_LAYOUT) -> Path:
     """Compile the host build of ``pixels.cu`` into ``out_dir``, for one patch size or any
-    (0), with the flags the library compiles the kernels with; returns the library path."""
+    (0) and one output layout, with the flags the library compiles the kernels with;
+    returns the library path."""
     cxx = shutil.which("g++") or shutil.which("c++")
     if cxx is None:
         raise RuntimeError("a C++ compiler is needed to run the kernels on the CPU")
-    lib = out_dir / f"pixels_host_{patch}.so"
+    lib = out_dir / f"pixels_host_{patch}_{layout.merge}_{layout.temporal}.so"
     subprocess.run(
         [
             cxx,
@@ -37,7 +38,7 @@ def build(out_dir: Path, patch: int = 0) -> Path:
             "-shared",
             "-fPIC",
             f'-DPIXELS_CU="{SOURCE}"',
-            *compile_options(patch),
+            *compile_options(patch, layout),
             "-I",
             str(HERE),
             str(HERE / "driver.cpp"),
@@ -67,8 +68,11 @@ class HostLauncher:
         block: tuple[int, int] = (5, 3),
         tensor_cores: bool = True,
         affine_normalise: bool = True,
+        layout: OutputLayout = KIMI_LAYOUT,
     ) -> None:
         self._lib = ctypes.CDLL(str(lib))
+        self.layout = layout
+        """The output layout ``lib`` was built for: launches must ask for it."""
         self._lib.host_smem_overflows.restype = ctypes.c_ulong
         self._lib.host_misaligned_stores.restype = ctypes.c_ulong
         self.block = block
@@ -140,7 +144,9 @@ class HostLauncher:
         patch: int,
         first_tile: int,
         overlap: bool = False,
+        layout: OutputLayout = KIMI_LAYOUT,
     ) -> None:
+        assert layout == self.layout, f"a {layout} launch on a build for {self.layout}"
         # launches run one after the other here, whatever `overlap` allows (the kernel's
         # wait for the launch before is a no-op);
         # the block's threads are real threads here: a few, in a shape that does not divide

@@ -11,11 +11,17 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 from mmwire.kernels import Launcher, pack, preprocess_packed
-from mmwire.materialize import K3_BACKGROUND, ProcessorConfig, preprocess_images
+from mmwire.materialize import (
+    K3_BACKGROUND,
+    ModelSpec,
+    ProcessorConfig,
+    QwenVLConfig,
+    preprocess_images,
+)
 from mmwire.transport import Background, PreprocessSpec
 
 Image = np.ndarray[Any, Any]
-Items = list[tuple[Image, ProcessorConfig]]
+Items = list[tuple[Image, ModelSpec]]
 
 SMALL = ProcessorConfig(in_patch_limit=48)
 K3_SMALL = ProcessorConfig(in_patch_limit=48, background=K3_BACKGROUND)
@@ -29,6 +35,19 @@ WIDE = ProcessorConfig(in_patch_limit=128)  # 700 x 300 -> 244 x 104: 0.35 of a 
 UNRESIZED = ProcessorConfig(in_patch_limit=1024)  # up to 32 x 32 patches stay as they are
 ODD_PATCH = ProcessorConfig(patch_size=15, in_patch_limit=40)  # the kernel's pixel-by-pixel path
 ODD_PATCH_K3 = ProcessorConfig(patch_size=15, in_patch_limit=40, background=K3_BACKGROUND)
+# Qwen-VL (rows (3, 2, p, p) by 2 x 2 merge window): a small max_pixels forces downscales,
+# the min_pixels bound upscales the smallest, sides that are multiples of 28 (32) and within
+# the bounds stay as they are (plain tiles)
+QWEN_SMALL = QwenVLConfig(max_pixels=28 * 28 * 40)
+QWEN_LARGE = QwenVLConfig(max_pixels=28 * 28 * 400)
+QWEN3_SMALL = QwenVLConfig(
+    family="qwen3-vl",
+    patch_size=16,
+    min_pixels=32 * 32 * 4,
+    max_pixels=32 * 32 * 40,
+    image_mean=(0.5, 0.5, 0.5),
+    image_std=(0.5, 0.5, 0.5),
+)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _BYTES = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 
@@ -47,11 +66,11 @@ class Shot(NamedTuple):
     h: int
     w: int
     c: int
-    config: ProcessorConfig
+    config: ModelSpec
     mixed_alpha: bool = False
 
 
-def _shots(config: ProcessorConfig, *shapes: tuple[int, int, int]) -> tuple[Shot, ...]:
+def _shots(config: ModelSpec, *shapes: tuple[int, int, int]) -> tuple[Shot, ...]:
     return tuple(Shot(h, w, c, config) for h, w, c in shapes)
 
 
@@ -128,6 +147,29 @@ _CASES: dict[str, tuple[Shot, ...]] = {
     "plain_and_mma": _shots(SMALL, (60, 90, 3), (45, 70, 1), (200, 260, 3)),
 }
 CASES = tuple(name for name in _CASES if name != "plain_and_mma")
+"""Kimi's cases (rows (3, p, p)); ``QWEN_CASES`` need a build for the Qwen-VL layout."""
+
+_CASES |= {
+    # resized both ways (MMA tiles), upscaled from 1 x 1 and 20 x 30 by min_pixels, one axis
+    # only (general tiles), unresized (plain), gray, tall (vertical first under Pillow 13)
+    "qwen_distinct": _shots(
+        QWEN_SMALL,
+        (130, 170, 3),
+        (97, 211, 3),
+        (56, 84, 3),
+        (1, 1, 3),
+        (20, 30, 3),
+        (123, 99, 1),
+        (400, 45, 3),
+        (140, 83, 3),
+    ),
+    "qwen_plain_and_mma": (
+        *_shots(QWEN_LARGE, (140, 224, 3), (196, 112, 1), (168, 252, 3)),
+        *_shots(QWEN_SMALL, (200, 260, 3), (150, 190, 1)),
+    ),
+    "qwen3": _shots(QWEN3_SMALL, (130, 170, 3), (64, 96, 3), (97, 211, 1), (1, 1, 3), (300, 70, 3)),
+}
+QWEN_CASES = ("qwen_distinct", "qwen_plain_and_mma", "qwen3")
 
 
 def case(name: str, rng: np.random.Generator) -> Items:
@@ -173,11 +215,11 @@ def kernels_into(
     allocation's start: fp32 goes out as 16-byte stores only where ``out`` starts on 16
     bytes, as pairs where it starts on 8 (the least the kernels accept)."""
     src, shapes, specs = _packed(items, device)
-    p = specs[0].patch_size
+    row = specs[0].row_shape
     rows = sum(spec.plan.grid.patches for spec in specs)
-    out = torch.empty(rows * 3 * p * p + skew, dtype=dtype, device=device)[skew:]
+    out = torch.empty(rows * int(np.prod(row)) + skew, dtype=dtype, device=device)[skew:]
     pv, _ = preprocess_packed(
-        src, shapes, specs, dtype, out=out.view(rows, 3, p, p), launcher=launcher
+        src, shapes, specs, dtype, out=out.view(rows, *row), launcher=launcher
     )
     assert pv.data_ptr() == out.data_ptr()
     return pv

@@ -12,11 +12,14 @@ import numpy as np
 import pytest
 import torch
 from mmwire.kernels._affine import BYTE_SCALE, NORM_STRIDE, NORM_VALUES, affine_form, table_rows
-from mmwire.kernels.reference import shared_normalise_table
+from mmwire.kernels.reference import Normalisation, normalise_table, shared_normalise_table
 
-KIMI = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
-CLIP = ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711))
-IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+_CLIP = ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711))
+KIMI = Normalisation((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
+CLIP = Normalisation(*_CLIP)
+IMAGENET = Normalisation((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+QWEN2 = Normalisation(*_CLIP, arithmetic="float32")  # transformers' float32 order
+QWEN3 = Normalisation((0.5, 0.5, 0.5), (0.5, 0.5, 0.5), arithmetic="float32")
 HALF = (torch.bfloat16, torch.float16)
 
 
@@ -42,16 +45,20 @@ def _header(rows: torch.Tensor, g: int = 0) -> np.ndarray:
     return words[:32].view(np.uint32)
 
 
-@pytest.mark.parametrize("stats", [KIMI, CLIP, IMAGENET], ids=["kimi", "clip", "imagenet"])
+@pytest.mark.parametrize(
+    "stats",
+    [KIMI, CLIP, IMAGENET, QWEN2, QWEN3],
+    ids=["kimi", "clip", "imagenet", "qwen2", "qwen3"],
+)
 @pytest.mark.parametrize("dtype", HALF, ids=str)
 def test_a_claimed_affine_form_gives_every_byte_of_the_table(
-    stats: tuple[tuple[float, ...], ...], dtype: torch.dtype
+    stats: Normalisation, dtype: torch.dtype
 ) -> None:
     rows = table_rows((stats,), dtype)
     assert rows.shape == (1, NORM_STRIDE)
     words = _header(rows)
     assert words[0] == {torch.bfloat16: 1, torch.float16: 2}[dtype]  # claimed, so checked
-    table = shared_normalise_table(*stats, dtype).view(torch.int16)
+    table = normalise_table(stats, dtype).view(torch.int16)
     assert torch.equal(rows[0, :NORM_VALUES].view(3, 256), table)
     for c in range(3):
         # the kernel's operands: the byte as v 2^-133 and the header's a (the form's 2^133)
@@ -81,8 +88,8 @@ def test_a_form_whose_scaled_a_is_past_fp32_keeps_the_table() -> None:
     # std 0.1: a form exists (a = 0.039), but a 2^133 is past fp32's range, so the kernel's
     # byte (v 2^-133) cannot carry it; std 0.13 (a = 0.030) still can
     for std, claimed in ((0.1, False), (0.13, True)):
-        stats = ((0.5,) * 3, (std,) * 3)
-        table = shared_normalise_table(*stats, torch.bfloat16).view(torch.int16).numpy()[0]
+        stats = Normalisation((0.5,) * 3, (std,) * 3)
+        table = normalise_table(stats, torch.bfloat16).view(torch.int16).numpy()[0]
         assert affine_form(0.5, std, table, torch.bfloat16) is not None
         assert (_header(table_rows((stats,), torch.bfloat16))[0] == 1) == claimed
 
@@ -99,7 +106,7 @@ def test_a_form_is_refused_where_an_operand_would_be_flushed_to_zero() -> None:
 
 def test_a_form_is_refused_where_no_candidate_matches() -> None:
     # the Kimi table shifted by one step at one byte: no fma of fp32 a, b gives it
-    table = shared_normalise_table(*KIMI, torch.bfloat16).view(torch.int16).numpy()[0].copy()
+    table = normalise_table(KIMI, torch.bfloat16).view(torch.int16).numpy()[0].copy()
     table[77] += 1
     assert affine_form(0.5, 0.5, table, torch.bfloat16) is None
     assert affine_form(0.5, 0.0, table, torch.bfloat16) is None  # no deviation, no form

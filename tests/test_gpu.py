@@ -445,3 +445,76 @@ def test_cuda_materializer_errors_name_the_item_and_keep_serving(
     out = mat.materialize(good, m)
     want = Materializer(0).materialize(good, m)
     assert torch.equal(out.features[LocalIndex(1)].cpu(), want.features[LocalIndex(1)])
+
+
+# --- Qwen-VL rows (#45): the same kernels compiled for the merge-window layout -------------
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("name", ["qwen_distinct", "qwen_plain_and_mma", "qwen3"])
+def test_cuda_kernels_write_qwen_rows_equal_to_the_cpu_path(
+    rng: np.random.Generator, name: str, dtype: str
+) -> None:
+    from kernel_cases import case, differing, kernels, reference
+
+    items = case(name, rng)
+    want_pv, want_grid = reference(items, getattr(torch, dtype))
+    got_pv, got_grid = kernels(items, getattr(torch, dtype), "cuda")
+    assert torch.equal(got_grid.cpu(), want_grid)
+    assert differing(got_pv, want_pv) == 0
+
+
+@pytest.mark.parametrize("family", ["qwen2.5-vl", "qwen3-vl"])
+def test_cuda_qwen_photos_equal_transformers(family: str) -> None:
+    # the checkpoint's own config over photos of every size class, straight against
+    # transformers' Pillow processor (where the machine has it)
+    from conftest import photo_path
+    from mmwire.materialize import preprocess_images, spec_for
+    from PIL import Image
+
+    oracle = pytest.importorskip("oracle")  # imports transformers
+    photos = [Image.open(photo_path(n)).convert("RGB") for n in ("astronaut.png", "coffee.png")]
+    images = [*photos, photos[0].resize((4200, 3200)), photos[1].resize((1001, 377))]
+    images.append(Image.fromarray(np.asarray(photos[1].convert("L").resize((90, 47)))))
+    params = oracle.QWEN_PARAMS[family]
+    for dtype in (torch.float32, torch.bfloat16):
+        want = oracle.qwen_reference(images, params, dtype)
+        got = preprocess_images(
+            images, spec_for(family, params), device="cuda", dtype=dtype, backend="cuda"
+        )
+        assert torch.equal(got[1].cpu(), want[1])
+        assert torch.equal(got[0].cpu().view(torch.int16), want[0].view(torch.int16))
+
+
+def test_cuda_materializer_serves_qwen_items_over_a_registered_arena(
+    rng: np.random.Generator,
+) -> None:
+    from mmwire.materialize import Materializer, QwenVLConfig
+    from mmwire.transport import IndexMap
+
+    qwen = QwenVLConfig(max_pixels=28 * 28 * 60)
+    images: list[Any] = [
+        rng.integers(0, 256, (h, w, c), dtype=np.uint8)
+        for h, w, c in ((300, 211, 3), (97, 350, 4), (56, 84, 1), (33, 17, 3))
+    ]
+    p = Producer(arena_size=64 << 20)
+    c = Consumer(0, p.endpoint, handover=p.handover_path)
+    try:
+        p.wait_for_consumers([0])
+        c.register_with_cuda()
+        p.publish("q", [Item(data=im, consumers=(0,), preprocess=qwen) for im in images])
+        with c.recv(10) as b:
+            m = IndexMap(0, [GlobalIndex(i) for i in (2, 0, 3, 1)])
+            cuda = Materializer(0, device="cuda", dtype=torch.bfloat16, models=[qwen])
+            got = cuda.materialize(b, m)
+            want = Materializer(0, dtype=torch.bfloat16).materialize(b, m)
+        assert (
+            got.pixel_values.shape == want.pixel_values.shape == (want.pixel_values.shape[0], 1176)
+        )
+        assert torch.equal(
+            got.pixel_values.cpu().view(torch.int16), want.pixel_values.view(torch.int16)
+        )
+        assert torch.equal(got.grid_thw.cpu(), want.grid_thw)
+    finally:
+        c.close()
+        p.close()

@@ -20,6 +20,8 @@ from host_kernels import HostLauncher, build
 from kernel_cases import (
     CASES,
     DTYPES,
+    QWEN_CASES,
+    QWEN_SMALL,
     SMALL,
     case,
     differing,
@@ -40,13 +42,14 @@ from mmwire.kernels import (
     preprocess_packed,
     resize_packed,
 )
-from mmwire.kernels._abi import FUSED_THREADS, NORM_VALUES
+from mmwire.kernels._abi import FUSED_THREADS, NORM_VALUES, OutputLayout
 from mmwire.kernels._descriptors import (
     _RAW,
     MIXED_PLAIN_GAMMA,
     MIXED_PLAIN_TILE,
     MIXED_TAIL,
 )
+from mmwire.kernels.reference import Normalisation
 from mmwire.materialize import ProcessorConfig, bicubic_coefficients, resize_reference
 from PIL import Image
 
@@ -59,6 +62,13 @@ def host_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def host(host_lib: Path) -> HostLauncher:
     return HostLauncher(host_lib)
+
+
+@pytest.fixture(scope="module")
+def host_qwen(tmp_path_factory: pytest.TempPathFactory) -> HostLauncher:
+    """The build for Qwen-VL's rows: (3, 2, p, p) by 2 x 2 merge window, any patch size."""
+    layout = OutputLayout(merge=2, temporal=2)
+    return HostLauncher(build(tmp_path_factory.mktemp("qwen"), layout=layout), layout=layout)
 
 
 @pytest.fixture(scope="module")
@@ -676,7 +686,7 @@ def test_16_bit_launches_compute_the_normalise_step_where_it_was_proved(
 ) -> None:
     # so the cases above run the affine path in the 16-bit types (and the test below the
     # tables)
-    stats = (((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),)
+    stats = (Normalisation((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),)
     mode = {torch.bfloat16: 1, torch.float16: 2}[dtype]
     for affine, want in ((True, mode), (False, 0)):
         rows = _ops._device_tables(stats, dtype, torch.device("cpu"), affine)
@@ -938,3 +948,47 @@ def test_patches_land_at_the_given_rows_and_overlaps_are_refused(
     skewed = torch.empty((n0 + n1) * 3 * 14 * 14 + 1)[1:].view(n0 + n1, 3, 14, 14)
     with pytest.raises(ValueError, match="multiple of 8 bytes"):  # a store would fault
         preprocess_packed(src, shapes, specs, out=skewed, launcher=host)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", QWEN_CASES)
+def test_host_kernels_write_qwen_rows_equal_to_the_cpu_path(
+    host_qwen: HostLauncher, rng: np.random.Generator, name: str, dtype: torch.dtype
+) -> None:
+    # the CPU path is itself checked == against transformers' processor (test_families.py)
+    items = case(name, rng)
+    want_pv, want_grid = reference(items, dtype)
+    got_pv, got_grid = kernels(items, dtype, "cpu", host_qwen)
+    assert got_pv.shape == want_pv.shape and got_pv.ndim == 2
+    assert torch.equal(got_grid, want_grid)
+    assert differing(got_pv, want_pv) == 0
+
+
+@pytest.mark.parametrize("skew", [0, 2], ids=["16-byte", "8-byte"])
+def test_host_qwen_rows_are_the_same_for_either_store_width(
+    host_qwen: HostLauncher, rng: np.random.Generator, skew: int
+) -> None:
+    items = case("qwen_plain_and_mma", rng)
+    want_pv, _ = reference(items, torch.float32)
+    got = kernels_into(items, torch.float32, "cpu", skew, host_qwen)
+    assert differing(got, want_pv) == 0
+
+
+def test_one_launch_refuses_two_output_layouts(host: HostLauncher) -> None:
+    image = np.zeros((60, 80, 3), np.uint8)
+    items = [(image, SMALL), (image, QWEN_SMALL)]
+    with pytest.raises(ValueError, match="different output layouts"):
+        kernels(items, torch.float32, "cpu", host)
+
+
+def test_merge_window_order_is_transformers_order() -> None:
+    # patch_index (and PatchOrder in patches.cuh) against Qwen2-VL's own reshape/transpose
+    from mmwire.kernels._descriptors import patch_index
+
+    gh, gw, m = 6, 10, 2
+    grid = np.arange(gh * gw).reshape(gh, gw)
+    ref = grid.reshape(gh // m, m, gw // m, m).transpose(0, 2, 1, 3).reshape(-1)
+    gy, gx = np.divmod(np.arange(gh * gw), gw)
+    order = np.empty(gh * gw, np.int64)
+    order[patch_index(gy, gx, gw, m)] = grid.reshape(-1)
+    assert np.array_equal(order, ref)
