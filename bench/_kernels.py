@@ -5,7 +5,10 @@
 (b) the torch path peer engines use on the GPU (vLLM/SGLang processors through torchvision
     v2): per image ``F.interpolate(bicubic, antialias=True)`` on float32, ``round``/``clamp``,
     pad, affine normalise, ``view``/``permute`` patchify, cast;
-(c) Pillow on the CPU (``mmwire.materialize.preprocess_images``, the exact reference).
+(c) Pillow on the CPU (``mmwire.materialize.preprocess_images``, the exact reference);
+(d) for the Qwen-VL rows, transformers' own image processor with its torchvision backend on
+    the GPU (``Qwen2VLImageProcessor(device="cuda")``), the way engines run Qwen today, where
+    transformers and torchvision are installed.
 Also the owner's end-to-end time with the H2D upload from registered vs pageable memory,
 and the kernel time against the HBM floor (bytes read + written at 4.8 TB/s, and at the
 device-to-device copy rate measured in the same run).
@@ -21,7 +24,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from mmwire.kernels import preprocess_packed
-from mmwire.materialize import ProcessorConfig, preprocess_images
+from mmwire.materialize import (
+    ModelSpec,
+    ProcessorConfig,
+    QwenVLConfig,
+    preprocess_images,
+    spec_for,
+)
 from mmwire.transport import PreprocessSpec
 from PIL import Image
 from rich.console import Console
@@ -126,7 +135,8 @@ def _wall_times(fn: Any, reps: int, warm: int = 2) -> list[float]:
 def torch_way(
     images: list[torch.Tensor], specs: list[PreprocessSpec], dtype: torch.dtype
 ) -> torch.Tensor:
-    """The peers' GPU path: float32 bicubic with antialias, round, pad, normalise, patchify."""
+    """The peers' GPU path: float32 bicubic with antialias, round, pad, normalise, patchify
+    (Qwen-VL's rows: by merge window, each plane twice)."""
     outs = []
     for img, spec in zip(images, specs):
         plan = spec.plan
@@ -146,9 +156,40 @@ def torch_way(
         x = (x / 255.0 - mean) / std
         p = spec.patch_size
         gh, gw = plan.grid.h, plan.grid.w
-        x = x.reshape(3, gh, p, gw, p).permute(1, 3, 0, 2, 4).reshape(-1, 3, p, p)
+        if spec.processor == "qwen2_vl":
+            m, t = spec.merge_kernel[0], spec.temporal_patch_size
+            x = x.reshape(3, gh // m, m, p, gw // m, m, p).permute(1, 4, 2, 5, 0, 3, 6)
+            x = x.reshape(-1, 3, 1, p * p).expand(-1, 3, t, p * p).reshape(-1, 3 * t * p * p)
+        else:
+            x = x.reshape(3, gh, p, gw, p).permute(1, 3, 0, 2, 4).reshape(-1, 3, p, p)
         outs.append(x.to(dtype))
     return torch.cat(outs)
+
+
+def _transformers_way(cfg: ModelSpec) -> Any:
+    """transformers' torchvision-backend processor for a Qwen-VL spec, on the GPU: a function
+    of CHW uint8 device images returning ``pixel_values``; None where it is not installed."""
+    if not isinstance(cfg, QwenVLConfig):
+        return None
+    try:
+        import torchvision  # noqa: F401  (the backend; without it transformers falls back to Pillow)
+        from transformers import Qwen2VLImageProcessor
+    except ImportError:
+        return None
+    proc = Qwen2VLImageProcessor(
+        patch_size=cfg.patch_size,
+        merge_size=cfg.merge_kernel[0],
+        size={"shortest_edge": cfg.min_pixels, "longest_edge": cfg.max_pixels},
+        image_mean=list(cfg.image_mean),
+        image_std=list(cfg.image_std),
+    )
+
+    def run(images: list[torch.Tensor]) -> torch.Tensor:
+        out = proc(images, return_tensors="pt", device="cuda")
+        pixel_values: torch.Tensor = out["pixel_values"]
+        return pixel_values
+
+    return run
 
 
 def _differing(a: torch.Tensor, b: torch.Tensor) -> int:
@@ -176,12 +217,12 @@ def _unregister(arr: np.ndarray[Any, Any]) -> None:
 def _measure(
     name: str,
     images: list[np.ndarray[Any, Any]],
-    cfg: ProcessorConfig,
+    cfg: ModelSpec,
     dtype: torch.dtype,
     reps: int,
     d2d: float,
 ) -> dict[str, Any]:
-    """One (batch, dtype) row: the three ways, the e2e uploads, the floor and exactness."""
+    """One (batch, dtype) row: the ways, the e2e uploads, the floor and exactness."""
     specs = [cfg.spec_for(im.shape[1], im.shape[0]) for im in images]
     shapes = [(im.shape[0], im.shape[1], im.shape[2]) for im in images]
     flat = np.concatenate([im.reshape(-1) for im in images])
@@ -206,6 +247,16 @@ def _measure(
     t_torch = _device_times(lambda: torch_way(dev_images, specs, dtype), reps)
     call_ours = _wall_times(ours, reps)
     call_torch = _wall_times(lambda: torch_way(dev_images, specs, dtype), reps)
+    hf = _transformers_way(cfg)
+    hf_row: dict[str, Any] = {}
+    if hf is not None:
+        chw = [im.permute(2, 0, 1).contiguous() for im in dev_images]
+        hf_out = hf(chw).to(dtype)
+        hf_row = {
+            "transformers_device_s": _device_times(lambda: hf(chw), reps),
+            "transformers_call_s": _wall_times(lambda: hf(chw), reps),
+            "differing_transformers": _differing(hf_out.cpu(), cpu),
+        }
     t_pil = _wall_times(lambda: preprocess_images(images, cfg, dtype=dtype), 3, 1)
     t_page = _wall_times(lambda: e2e(host_page), reps)
     _register(registered)
@@ -238,6 +289,7 @@ def _measure(
         "differing_vs_pillow": _differing(out.cpu(), cpu),
         "differing_torch_way": _differing(theirs, out),
         "elements": out.numel(),
+        **hf_row,
     }
 
 
@@ -252,6 +304,8 @@ def render_table(payload: dict[str, Any]) -> Table:
         "device",
         "torch way",
         "x faster",
+        "transformers",
+        "x faster",
         "≠ Pillow",
         "e2e",
     ):
@@ -259,6 +313,11 @@ def render_table(payload: dict[str, Any]) -> Table:
     for r in payload["rows"]:
         ours = percentile(r["ours_device_s"], 50)
         tw = percentile(r["torch_way_device_s"], 50)
+        hf = r.get("transformers_device_s")
+        hf_cells = ("—", "—")
+        if hf:
+            hf50 = percentile(hf, 50)
+            hf_cells = (f"{hf50 * 1e6:.0f} µs", f"{hf50 / ours:.1f}x")
         table.add_row(
             r["case"],
             {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(r["dtype"], r["dtype"]),
@@ -267,6 +326,7 @@ def render_table(payload: dict[str, Any]) -> Table:
             f"{ours * 1e6:.1f} µs",
             f"{tw * 1e6:.0f} µs",
             f"{tw / ours:.1f}x",
+            *hf_cells,
             str(r["differing_vs_pillow"]),
             f"{percentile(r['e2e_registered_s'], 50) * 1e3:.2f} ms",
         )
@@ -276,7 +336,8 @@ def render_table(payload: dict[str, Any]) -> Table:
 def run_kernels(
     reps: int = 20, out_dir: Path | None = None, console: Console | None = None
 ) -> Path:
-    """The seed batch 4x1536x1024 (K2.5: unresized, and a resizing limit) and 8 mixed sizes."""
+    """The seed batch 4x1536x1024 (K2.5: unresized, and a resizing limit) and 8 mixed sizes,
+    under Kimi-K2.5, Qwen2.5-VL and Qwen3-VL (the checkpoints' default limits)."""
     console = console or Console()
     if not torch.cuda.is_available():
         raise SystemExit("mmwire-bench kernels needs a CUDA device")
@@ -285,6 +346,8 @@ def run_kernels(
         "4x1536x1024": (_photos([(1536, 1024)] * 4), ProcessorConfig()),
         "4x1536x1024 resized": (_photos([(1536, 1024)] * 4), ProcessorConfig(in_patch_limit=6144)),
         "8 mixed sizes": (_photos(_MIXED), ProcessorConfig()),
+        "Qwen2.5-VL 8 mixed": (_photos(_MIXED), spec_for("qwen2.5-vl")),
+        "Qwen3-VL 8 mixed": (_photos(_MIXED), spec_for("qwen3-vl")),
     }
     rows: list[dict[str, Any]] = []
     for name, (images, cfg) in cases.items():
@@ -318,7 +381,9 @@ def run_kernels(
                 "against the uint8 input read once and the output written once at 4.8 TB/s "
                 f"(a device-to-device copy ran at {d2d / 1e12:.2f} TB/s here)",
                 "device: CUDA events around a call (with the grid_thw copy and the gaps between "
-                "launches); x faster: the torch way's device time over it",
+                "launches); x faster: the torch way's (or transformers') device time over it",
+                "transformers: Qwen2VLImageProcessor, torchvision backend, device='cuda' "
+                "(Qwen rows; its bytes differing from Pillow's are in results.json)",
                 "e2e: H2D of the packed uint8 pixels from registered memory plus the kernels, "
                 "host wall clock",
             ],

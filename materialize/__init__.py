@@ -1,6 +1,7 @@
 """mmwire.materialize: the owner side: resize plans, deferral, owner assignment, pixels -> features.
 
-General layout: ``_plan`` (the resize plan and spec), ``_grids`` (grid/token arithmetic),
+General layout: ``_families`` (the model families and ``spec_for``), ``_plan`` (the resize
+plans: Kimi's NaViT plan, Qwen-VL's ``smart_resize``), ``_grids`` (grid/token arithmetic),
 ``_placeholders``, ``_defer`` (the producer's gate), ``_assign`` (vision-DP owners),
 ``_pipeline`` (the exact CPU pixel pipeline), ``_backend`` (CPU or CUDA),
 ``_materializer`` (the owner rank's entry point). Pillow's BICUBIC tables and the normalise
@@ -16,6 +17,10 @@ from mmwire.kernels.reference import resize_reference as resize_reference
 from ._assign import assign_owners as assign_owners
 from ._assign import owners_of as owners_of
 from ._defer import should_defer as should_defer
+from ._families import FAMILIES as FAMILIES
+from ._families import ModelSpec as ModelSpec
+from ._families import QwenVLConfig as QwenVLConfig
+from ._families import spec_for as spec_for
 from ._grids import patches_per_item as patches_per_item
 from ._grids import split_by_tokens as split_by_tokens
 from ._grids import tokens_per_item as tokens_per_item
@@ -29,15 +34,19 @@ from ._placeholders import k3_media_prompt as k3_media_prompt
 from ._plan import K3_BACKGROUND as K3_BACKGROUND
 from ._plan import ProcessorConfig as ProcessorConfig
 from ._plan import plan_resize as plan_resize
-from ._plan import spec_for as spec_for
+from ._plan import plan_smart_resize as plan_smart_resize
+from ._plan import smart_resize as smart_resize
 
 __all__ = [
+    "FAMILIES",
     "K3_BACKGROUND",
     "Coefficients",
     "MaterializedBatch",
     "Materializer",
+    "ModelSpec",
     "PayloadSource",
     "ProcessorConfig",
+    "QwenVLConfig",
     "assign_owners",
     "bicubic_coefficients",
     "expand_placeholders",
@@ -47,9 +56,11 @@ __all__ = [
     "pass_order",
     "patches_per_item",
     "plan_resize",
+    "plan_smart_resize",
     "preprocess_images",
     "resize_reference",
     "should_defer",
+    "smart_resize",
     "spec_for",
     "split_by_tokens",
     "tokens_per_item",

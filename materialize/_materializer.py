@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, final
 
@@ -21,6 +23,7 @@ from mmwire.transport import (
 )
 
 from ._backend import resolve_backend
+from ._families import ModelSpec
 from ._pipeline import produce
 from ._plan import expected_plan
 
@@ -76,6 +79,12 @@ class Materializer:
         max_pixels: ceiling on a raw item's ``W·H``.
         max_output_bytes: ceiling on one batch's ``pixel_values``, checked before anything
             is allocated (default 4 GiB).
+        models: the families this rank serves (``spec_for(...)`` results): on ``"cuda"``
+            their kernels compile here, up front, rather than at their first batch
+            (Kimi-K2.5's always do).
+
+    ``pixel_values`` has the rows of the batch's family: ``(n, 3, p, p)`` for Kimi,
+    ``(n, 3·T·p·p)`` for Qwen-VL; a batch whose items' rows differ is refused.
 
     The owner trusts nothing in an envelope it can recompute: a raw item's plan must be the
     one its size gets under its spec's limits (``GridMismatch`` otherwise), so what one
@@ -94,6 +103,7 @@ class Materializer:
         backend: Literal["auto", "cpu", "cuda"] = "auto",
         max_pixels: int = 178_956_970,
         max_output_bytes: int = 4 << 30,
+        models: Sequence[ModelSpec] = (),
     ) -> None:
         self.rank = rank
         self.device = torch.device(device)
@@ -102,9 +112,11 @@ class Materializer:
         self.max_output_bytes = max_output_bytes
         self.backend: Literal["cpu", "cuda"] = resolve_backend(backend, self.device)
         if self.backend == "cuda":
-            from mmwire.kernels import CupyLauncher
+            from mmwire.kernels import CupyLauncher, output_layout
 
             self._launcher = CupyLauncher(self.device)  # compiles the kernels once, up front
+            for spec in (m.spec_for(64, 64) for m in models):
+                self._launcher.compile(spec.patch_size, output_layout(spec))
 
     def materialize(self, batch: PayloadSource, index_map: IndexMap) -> MaterializedBatch:
         """Model inputs for the items ``index_map`` gives this rank, in its local order."""
@@ -113,12 +125,15 @@ class Materializer:
                 f"IndexMap is for rank {index_map.rank}, this is rank {self.rank}"
             )
         envs = [(local, g, batch.envelopes[g]) for local, g in index_map.items()]
-        patch = {_patch_size(e) for _, _, e in envs if e.kind != "embedding"}
-        if len(patch) > 1:
-            raise MaterializeError(f"items of one batch use different patch sizes {sorted(patch)}")
-        p = patch.pop() if patch else 14
-        walk = self._walk(batch, envs, p)
-        out_bytes = walk.rows * 3 * p * p * self.dtype.itemsize
+        shapes = {_row_shape(e) for _, _, e in envs if e.kind != "embedding"}
+        if len(shapes) > 1:
+            raise MaterializeError(
+                f"items of one batch have rows of different shapes {sorted(shapes)} "
+                "(different patch sizes or families)"
+            )
+        row_shape = shapes.pop() if shapes else (3, 14, 14)
+        walk = self._walk(batch, envs, row_shape)
+        out_bytes = walk.rows * math.prod(row_shape) * self.dtype.itemsize
         if out_bytes > self.max_output_bytes:
             raise MaterializeError(
                 f"rank {self.rank}'s items of this batch need {walk.rows} patches "
@@ -126,8 +141,8 @@ class Materializer:
                 f"{self.max_output_bytes}"
             )
         if self.backend == "cuda":
-            return self._on_cuda(batch, index_map, walk, p)
-        pixel_values = torch.empty((walk.rows, 3, p, p), dtype=self.dtype)
+            return self._on_cuda(batch, index_map, walk, row_shape)
+        pixel_values = torch.empty((walk.rows, *row_shape), dtype=self.dtype)
         for g, spec, row, n, where in walk.raw:
             self._raw_into(batch, g, spec, pixel_values[row : row + n], where)
         for src, row, n in walk.processed:
@@ -142,7 +157,7 @@ class Materializer:
         self,
         batch: PayloadSource,
         envs: list[tuple[LocalIndex, GlobalIndex, FeatureEnvelope]],
-        p: int,
+        row_shape: tuple[int, ...],
     ) -> _Walk:
         """Every item checked and placed: embeddings passed through, rows of the others."""
         walk = _Walk(LocalSlots(len(envs)))
@@ -155,14 +170,18 @@ class Materializer:
             if env.kind == "raw":
                 walk.raw.append((g, self._raw_spec(env, where), walk.rows, n, where))
             else:
-                walk.processed.append((_processed(batch, g, where, p), walk.rows, n))
+                walk.processed.append((_processed(batch, g, where, row_shape), walk.rows, n))
             walk.grids.append(env.grid.thw)
             walk.spans.append((local, walk.rows, n))
             walk.rows += n
         return walk
 
     def _on_cuda(
-        self, batch: PayloadSource, index_map: IndexMap, walk: _Walk, p: int
+        self,
+        batch: PayloadSource,
+        index_map: IndexMap,
+        walk: _Walk,
+        row_shape: tuple[int, ...],
     ) -> MaterializedBatch:
         """Upload raw pixels once into one packed buffer, then two kernel launches.
 
@@ -173,7 +192,7 @@ class Materializer:
         from mmwire.kernels import preprocess_packed, to_device
 
         views = [batch.open_tensor(g) for g, _, _, _, _ in walk.raw]
-        pixel_values = torch.empty((walk.rows, 3, p, p), dtype=self.dtype, device=self.device)
+        pixel_values = torch.empty((walk.rows, *row_shape), dtype=self.dtype, device=self.device)
         packed = torch.empty(sum(v.numel() for v in views), dtype=torch.uint8, device=self.device)
         stream = torch.cuda.current_stream(self.device)
         at = 0
@@ -192,7 +211,7 @@ class Materializer:
                     [spec for _, spec, _, _, _ in walk.raw],
                     self.dtype,
                     out=pixel_values,
-                    rows=[row for _, _, row, _, _ in walk.raw],
+                    rows=[first for _, _, first, _, _ in walk.raw],
                     launcher=self._launcher,
                 )
         finally:
@@ -266,20 +285,23 @@ class _Walk:
         return MaterializedBatch(pixel_values, grid_thw, self.features, index_map)
 
 
-def _processed(batch: PayloadSource, g: GlobalIndex, where: str, p: int) -> torch.Tensor:
-    """A processed item's ``(n, 3, p, p)`` payload view, or a ``MaterializeError``."""
+def _processed(
+    batch: PayloadSource, g: GlobalIndex, where: str, row: tuple[int, ...]
+) -> torch.Tensor:
+    """A processed item's ``(n, *row)`` payload view, or a ``MaterializeError``."""
     src = batch.open_tensor(g)
-    if tuple(src.shape[1:]) != (3, p, p):
+    if tuple(src.shape[1:]) != row:
         raise MaterializeError(
-            f"processed {where} has shape {list(src.shape)}, expected (n, 3, {p}, {p})"
+            f"processed {where} has shape {list(src.shape)}, expected rows of {list(row)}"
         )
     return src
 
 
-def _patch_size(env: FeatureEnvelope) -> int:
+def _row_shape(env: FeatureEnvelope) -> tuple[int, ...]:
+    """The rows a raw (its spec's) or processed (its tensor's) item fills."""
     if env.preprocess is not None:
-        return env.preprocess.patch_size
-    return int(env.tensor.shape[-1])
+        return env.preprocess.row_shape
+    return tuple(int(d) for d in env.tensor.shape[1:])
 
 
 def _rows(env: FeatureEnvelope) -> int:

@@ -1,9 +1,11 @@
-"""The pixel pipeline of one checkpoint, exact on the CPU: pixels -> ``(Σ patches, 3, p, p)``.
+"""The pixel pipeline of one checkpoint, exact on the CPU: pixels -> ``(Σ patches, *row)``.
 
-Per image: channel rules -> Pillow BICUBIC resize (RGBA premultiplied, by Pillow itself) ->
-transparent background -> pad right/bottom with raw 0 -> normalise through a per-channel
-256-entry table computed in float64 and rounded once to the output dtype -> patchify
-(patches row-major over the grid, inside a patch channel, row, column).
+Per image: channel rules (``to_pixels``: Kimi keeps alpha, Qwen-VL composites it over white)
+-> Pillow BICUBIC resize (RGBA premultiplied, by Pillow itself) -> transparent background
+(Kimi) -> pad right/bottom with raw 0 (Kimi) -> normalise through a per-channel 256-entry
+table in the reference's arithmetic (``mmwire.kernels.reference.normalise_table``) ->
+patchify: Kimi's rows ``(3, p, p)`` row-major over the grid; Qwen-VL's ``(3, T, p, p)``
+flattened, the plane repeated T times, ordered by merge window.
 
 The background composite is defined here, in float32, with this operation order (the
 CUDA kernels reproduce it without FMA contraction)::
@@ -19,22 +21,26 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from mmwire.kernels.reference import shared_normalise_table
+from mmwire.kernels.reference import normalisation_of
+from mmwire.kernels.reference import normalise_table as table_of
 from mmwire.transport import Background, Grid, MaterializeError, PreprocessSpec, to_pixels
 from PIL import Image
 
 from ._backend import resolve_backend
+from ._families import ModelSpec
 from ._plan import ProcessorConfig
 
 __all__ = ["normalise_table", "preprocess_images"]
 
 
 def normalise_table(spec: PreprocessSpec, dtype: torch.dtype) -> torch.Tensor:
-    """``(3, 256)`` table of ``(v/255 - mean[c]) / std[c]`` in float64, rounded once to ``dtype``.
+    """``(3, 256)``: each byte of each channel normalised in ``dtype`` as ``spec``'s reference
+    does it (Kimi: ``(v/255 - mean[c]) / std[c]`` in float64, rounded once; Qwen-VL:
+    ``float32(v · rescale)``, then ``(x - mean[c]) / std[c]`` in float32).
 
-    Returns a fresh tensor; the pipeline itself reuses a cached one per (mean, std, dtype).
+    Returns a fresh tensor; the pipeline itself reuses a cached one.
     """
-    return shared_normalise_table(spec.image_mean, spec.image_std, dtype).clone()
+    return table_of(normalisation_of(spec), dtype).clone()
 
 
 def _resize(pixels: np.ndarray[Any, Any], new_w: int, new_h: int) -> np.ndarray[Any, Any]:
@@ -81,35 +87,53 @@ def canvas_of(pixels: np.ndarray[Any, Any], spec: PreprocessSpec) -> np.ndarray[
     return canvas
 
 
+def patches_of(canvas: np.ndarray[Any, Any], p: int, merge: int) -> np.ndarray[Any, Any]:
+    """A uint8 canvas ``(3, H, W)`` as ``(patches, 3, p·p)`` in output order: row-major over
+    the grid (``merge`` 0), or by ``merge x merge`` windows (Qwen-VL's order)."""
+    _, hh, ww = canvas.shape
+    gh, gw = hh // p, ww // p
+    if merge:
+        m = merge
+        windows = canvas.reshape(3, gh // m, m, p, gw // m, m, p)
+        ordered = windows.transpose(1, 4, 2, 5, 0, 3, 6)  # (gh/m, gw/m, m, m, 3, p, p)
+    else:
+        ordered = canvas.reshape(3, gh, p, gw, p).transpose(1, 3, 0, 2, 4)  # (gh, gw, 3, p, p)
+    return np.ascontiguousarray(ordered).reshape(gh * gw, 3, p * p)
+
+
 def patchify_into(
     out: torch.Tensor, canvas: np.ndarray[Any, Any], spec: PreprocessSpec, table: torch.Tensor
 ) -> None:
-    """Write the normalised patches of a uint8 canvas into ``out`` ``(patches, 3, p, p)``."""
-    p = spec.patch_size
-    _, hh, ww = canvas.shape
-    gh, gw = hh // p, ww // p
-    patches = canvas.reshape(3, gh, p, gw, p).transpose(1, 3, 0, 2, 4)  # (gh, gw, 3, p, p) u8
-    idx = torch.from_numpy(np.ascontiguousarray(patches).reshape(gh * gw, 3, p * p)).to(torch.int32)
+    """Write the normalised rows of a uint8 canvas into ``out`` ``(patches, *row_shape)``:
+    each channel's plane ``temporal_patch_size`` times a row."""
+    p, t = spec.patch_size, spec.temporal_patch_size
+    idx = torch.from_numpy(patches_of(canvas, p, spec.merge_order)).to(torch.int32)
+    planes = out.view(idx.shape[0], 3, t, p * p)
     for c in range(3):
-        out[:, c].view(gh * gw, p * p).copy_(table[c][idx[:, c]])
+        values = table[c][idx[:, c]]
+        for k in range(t):
+            planes[:, c, k].copy_(values)
 
 
 def produce(pixels: np.ndarray[Any, Any], spec: PreprocessSpec, out: torch.Tensor) -> Grid:
-    """Run the pipeline for one image into ``out`` (``(patches, 3, p, p)`` rows); its grid."""
+    """Run the pipeline for one image into ``out`` (``(patches, *row_shape)``); its grid."""
+    if pixels.shape[2] == 4 and spec.alpha == "white":
+        raise MaterializeError("an RGBA image for a processor that composites on the producer")
     canvas = canvas_of(pixels, spec)
     p = spec.patch_size
     grid = Grid((1, canvas.shape[1] // p, canvas.shape[2] // p))
-    if out.shape[0] != grid.patches:
-        raise MaterializeError(f"output has {out.shape[0]} rows, the image needs {grid.patches}")
-    patchify_into(
-        out, canvas, spec, shared_normalise_table(spec.image_mean, spec.image_std, out.dtype)
-    )
+    if out.shape[0] != grid.patches or tuple(out.shape[1:]) != spec.row_shape:
+        raise MaterializeError(
+            f"output has shape {list(out.shape)}, the image needs {grid.patches} rows of "
+            f"{list(spec.row_shape)}"
+        )
+    patchify_into(out, canvas, spec, table_of(normalisation_of(spec), out.dtype))
     return grid
 
 
 def preprocess_images(
     images: Sequence[Any],
-    config: ProcessorConfig | None = None,
+    config: ModelSpec | None = None,
     *,
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
@@ -117,16 +141,19 @@ def preprocess_images(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The whole pipeline for a list of images: ``(pixel_values, grid_thw)``.
 
-    ``pixel_values`` is ``(Σ patches, 3, p, p)`` in ``dtype``, allocated once, images
-    concatenated in order; ``grid_thw`` is ``(N, 3)`` int64. The producer's eager path and
-    the owner's deferred path both run this, so they agree bit for bit. On a CUDA
-    ``device`` the ``"cuda"`` backend (``"auto"``'s choice when CuPy is installed) uploads
-    the uint8 pixels once and runs ``mmwire.kernels``; ``"cpu"`` computes here and uploads
-    the result. Both give the same bytes.
+    ``config`` is the family's spec (``spec_for(family, params)``; default Kimi-K2.5).
+    ``pixel_values`` is ``(Σ patches, *row_shape)`` in ``dtype`` (``(3, p, p)`` rows for
+    Kimi, ``(3·T·p·p,)`` for Qwen-VL, as their reference processors return), allocated
+    once, images concatenated in order; ``grid_thw`` is ``(N, 3)`` int64. The producer's
+    eager path and the owner's deferred path both run this, so they agree bit for bit. On a
+    CUDA ``device`` the ``"cuda"`` backend (``"auto"``'s choice when CuPy is installed)
+    uploads the uint8 pixels once and runs ``mmwire.kernels``; ``"cpu"`` computes here and
+    uploads the result. Both give the same bytes. An image the family refuses (Qwen-VL: an
+    aspect ratio over 200) raises ``MaterializeError``.
     """
 
-    cfg = config or ProcessorConfig()
-    pixels = [to_pixels(im, max_pixels=cfg.max_pixels) for im in images]
+    cfg: ModelSpec = config or ProcessorConfig()
+    pixels = [to_pixels(im, max_pixels=cfg.max_input_pixels, alpha=cfg.alpha) for im in images]
     specs = [cfg.spec_for(px.shape[1], px.shape[0]) for px in pixels]
     if pixels and resolve_backend(backend, torch.device(device)) == "cuda":
         from mmwire.kernels import preprocess_packed
@@ -135,9 +162,8 @@ def preprocess_images(
         src = torch.from_numpy(flat).to(device)
         shapes = [(px.shape[0], px.shape[1], px.shape[2]) for px in pixels]
         return preprocess_packed(src, shapes, specs, dtype)
-    p = cfg.patch_size
     total = sum(s.plan.grid.patches for s in specs)
-    out = torch.empty((total, 3, p, p), dtype=dtype)
+    out = torch.empty((total, *cfg.row_shape), dtype=dtype)
     grids = torch.empty((len(specs), 3), dtype=torch.int64)
     row = 0
     for i, (px, spec) in enumerate(zip(pixels, specs)):

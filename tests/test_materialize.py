@@ -100,8 +100,10 @@ def test_placeholders() -> None:
 def test_should_defer_cases() -> None:
     small = torch.zeros((3, 32, 32), dtype=torch.uint8)
     big = torch.zeros((3, 1024, 1024), dtype=torch.uint8)
-    assert should_defer([small], transport="cpu", consumer_has_gpu=True, in_patch_limit=65536)
-    assert not should_defer([big], transport="cpu", consumer_has_gpu=True, in_patch_limit=1)
+    k3 = ProcessorConfig(in_patch_limit=65536)
+    assert should_defer([small], transport="cpu", consumer_has_gpu=True, spec=k3)
+    tiny = ProcessorConfig(in_patch_limit=1)
+    assert not should_defer([big], transport="cpu", consumer_has_gpu=True, spec=tiny)
     assert not should_defer([small.float()], transport="cpu", consumer_has_gpu=True)
     assert not should_defer([], transport="cpu", consumer_has_gpu=True)
     assert not should_defer([small], transport="cuda_ipc", consumer_has_gpu=True)

@@ -1,0 +1,85 @@
+"""transformers' own image processors (Pillow backend), the oracle for the families they
+cover. Only the tests import transformers; mmwire never does.
+
+The checkout's ``kernels/`` folder (``mmwire.kernels`` once installed) has the name of the
+Hugging Face ``kernels`` package that transformers imports, and pytest puts the checkout on
+``sys.path``; so transformers is imported here with the checkout left out of the path,
+which caches the right ``kernels`` for every later import.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _import_pil_processor() -> Any:
+    saved = list(sys.path)
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _ROOT]
+    try:
+        from transformers import Qwen2VLImageProcessorPil
+
+        return Qwen2VLImageProcessorPil
+    finally:
+        sys.path[:] = saved
+
+
+Qwen2VLImageProcessorPil = _import_pil_processor()
+
+QWEN_PARAMS: dict[str, dict[str, Any]] = {
+    # the checkpoints' preprocessor_config.json, as published
+    "qwen2-vl": {
+        "min_pixels": 3136,
+        "max_pixels": 12845056,
+        "patch_size": 14,
+        "temporal_patch_size": 2,
+        "merge_size": 2,
+        "image_mean": [0.48145466, 0.4578275, 0.40821073],
+        "image_std": [0.26862954, 0.26130258, 0.27577711],
+        "image_processor_type": "Qwen2VLImageProcessor",
+        "processor_class": "Qwen2VLProcessor",
+    },
+    "qwen2.5-vl": {
+        "min_pixels": 3136,
+        "max_pixels": 12845056,
+        "patch_size": 14,
+        "temporal_patch_size": 2,
+        "merge_size": 2,
+        "image_mean": [0.48145466, 0.4578275, 0.40821073],
+        "image_std": [0.26862954, 0.26130258, 0.27577711],
+        "image_processor_type": "Qwen2VLImageProcessor",
+        "processor_class": "Qwen2_5_VLProcessor",
+    },
+    "qwen3-vl": {
+        "size": {"longest_edge": 16777216, "shortest_edge": 65536},
+        "patch_size": 16,
+        "temporal_patch_size": 2,
+        "merge_size": 2,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "processor_class": "Qwen3VLProcessor",
+        "image_processor_type": "Qwen2VLImageProcessorFast",
+    },
+}
+
+
+def qwen_reference(
+    images: Sequence[Any], params: dict[str, Any], dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(pixel_values, image_grid_thw)`` from transformers' Pillow processor, the fp32
+    values rounded once to ``dtype`` (what a model casting its inputs sees)."""
+    kwargs = {
+        k: v for k, v in params.items() if k not in ("image_processor_type", "processor_class")
+    }
+    processor = Qwen2VLImageProcessorPil(**kwargs)
+    got = processor(list(images), return_tensors="np")
+    pixel_values = torch.from_numpy(np.ascontiguousarray(got["pixel_values"]))
+    assert pixel_values.dtype == torch.float32
+    return pixel_values.to(dtype), torch.from_numpy(got["image_grid_thw"])
