@@ -187,6 +187,9 @@ def test_spec_for_reads_a_checkpoint_config_as_transformers_does() -> None:
     got = spec_for("qwen2-vl", mixed)
     assert (got.min_pixels, got.max_pixels) == (ref.size.shortest_edge, ref.size.longest_edge)
     assert spec_for("qwen2.5-vl", {"do_resize": True, "resample": 3}) == FAMILIES["qwen2.5-vl"]
+    # a processor's own to_dict() reads back as the same spec
+    loaded = Qwen2VLImageProcessorPil(min_pixels=3136, max_pixels=12845056).to_dict()
+    assert spec_for("qwen2.5-vl", loaded) == FAMILIES["qwen2.5-vl"]
     k3 = spec_for("kimi-k3", {"merge_kernel_size": [2, 2], "image_mean": [0.5, 0.5, 0.5]})
     assert k3 == FAMILIES["kimi-k3"] and k3.in_patch_limit == 65536
     assert spec_for("kimi-k2.5") == ProcessorConfig()
