@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, final
 
 import numpy as np
 import torch
 from mmwire.transport import (
+    EncodedImage,
     FeatureEnvelope,
     GlobalIndex,
     GlobalTable,
@@ -23,6 +25,7 @@ from mmwire.transport import (
 )
 
 from ._backend import resolve_backend
+from ._decode import decode_encoded
 from ._families import ModelSpec
 from ._pipeline import produce
 from ._plan import expected_plan
@@ -79,6 +82,7 @@ class Materializer:
         max_pixels: ceiling on a raw item's ``W·H``.
         max_output_bytes: ceiling on one batch's ``pixel_values``, checked before anything
             is allocated (default 4 GiB).
+        decode_threads: threads that decode a batch's encoded items in parallel.
         models: the families this rank serves (``spec_for(...)`` results): on ``"cuda"``
             their kernels compile here, up front, rather than at their first batch
             (Kimi-K2.5's always do).
@@ -104,12 +108,15 @@ class Materializer:
         max_pixels: int = 178_956_970,
         max_output_bytes: int = 4 << 30,
         models: Sequence[ModelSpec] = (),
+        decode_threads: int = 4,
     ) -> None:
         self.rank = rank
         self.device = torch.device(device)
         self.dtype = dtype
         self.max_pixels = max_pixels
         self.max_output_bytes = max_output_bytes
+        self.decode_threads = decode_threads
+        self._decode_pool: ThreadPoolExecutor | None = None
         self.backend: Literal["cpu", "cuda"] = resolve_backend(backend, self.device)
         if self.backend == "cuda":
             from mmwire.kernels import CupyLauncher, output_layout
@@ -143,8 +150,11 @@ class Materializer:
         if self.backend == "cuda":
             return self._on_cuda(batch, index_map, walk, row_shape)
         pixel_values = torch.empty((walk.rows, *row_shape), dtype=self.dtype)
-        for g, spec, row, n, where in walk.raw:
-            self._raw_into(batch, g, spec, pixel_values[row : row + n], where)
+        decoded = self._decode_all(batch, walk.raw, pinned=False)
+        for item, pixels in zip(walk.raw, decoded):
+            if pixels is None:
+                pixels = self._pixels(batch, item)
+            produce(pixels, item.spec, pixel_values[item.row : item.row + item.rows])
         for src, row, n in walk.processed:
             pixel_values[row : row + n].copy_(src)
         grid_thw = torch.tensor(walk.grids, dtype=torch.int64).reshape(-1, 3)
@@ -167,8 +177,9 @@ class Materializer:
                 walk.features[local] = batch.open_tensor(g)
                 continue
             n = _rows(env)
-            if env.kind == "raw":
-                walk.raw.append((g, self._raw_spec(env, where), walk.rows, n, where))
+            if env.kind in ("raw", "encoded"):
+                spec = self._raw_spec(env, where)
+                walk.raw.append(_RawItem(g, spec, walk.rows, n, where, env.encoding))
             else:
                 walk.processed.append((_processed(batch, g, where, row_shape), walk.rows, n))
             walk.grids.append(env.grid.thw)
@@ -191,7 +202,11 @@ class Materializer:
         """
         from mmwire.kernels import preprocess_packed, to_device
 
-        views = [batch.open_tensor(g) for g, _, _, _, _ in walk.raw]
+        decoded = self._decode_all(batch, walk.raw, pinned=True)
+        views = [
+            batch.open_tensor(item.index) if pixels is None else torch.from_numpy(pixels)
+            for item, pixels in zip(walk.raw, decoded)
+        ]
         pixel_values = torch.empty((walk.rows, *row_shape), dtype=self.dtype, device=self.device)
         packed = torch.empty(sum(v.numel() for v in views), dtype=torch.uint8, device=self.device)
         stream = torch.cuda.current_stream(self.device)
@@ -208,10 +223,10 @@ class Materializer:
                 preprocess_packed(
                     packed,
                     [(int(v.shape[0]), int(v.shape[1]), int(v.shape[2])) for v in views],
-                    [spec for _, spec, _, _, _ in walk.raw],
+                    [item.spec for item in walk.raw],
                     self.dtype,
                     out=pixel_values,
-                    rows=[first for _, _, first, _, _ in walk.raw],
+                    rows=[item.row for item in walk.raw],
                     launcher=self._launcher,
                 )
         finally:
@@ -223,7 +238,10 @@ class Materializer:
         spec = env.preprocess
         if spec is None:
             raise MaterializeError(f"raw {where} has no preprocess spec")
-        h, w = env.tensor.shape[0], env.tensor.shape[1]
+        if env.encoding is not None:
+            h, w = env.encoding.height, env.encoding.width
+        else:
+            h, w = env.tensor.shape[0], env.tensor.shape[1]
         if h * w > self.max_pixels:
             raise MaterializeError(
                 f"raw {where} is {w}x{h}, over the pixel ceiling {self.max_pixels}"
@@ -249,19 +267,77 @@ class Materializer:
             )
         return spec
 
-    def _raw_into(
-        self,
-        batch: PayloadSource,
-        g: GlobalIndex,
-        spec: PreprocessSpec,
-        out: torch.Tensor,
-        where: str,
-    ) -> None:
+    def _pixels(self, batch: PayloadSource, item: _RawItem) -> np.ndarray[Any, Any]:
+        """A raw item's pixels, read from its payload."""
         try:
-            pixels = to_pixels(batch.open(g), max_pixels=self.max_pixels)
+            return to_pixels(batch.open(item.index), max_pixels=self.max_pixels)
         except MaterializeError as e:
-            raise MaterializeError(f"{where}: {e}") from e
-        produce(pixels, spec, out)
+            raise MaterializeError(f"{item.where}: {e}") from e
+
+    def _decode_all(
+        self, batch: PayloadSource, items: list[_RawItem], pinned: bool
+    ) -> list[np.ndarray[Any, Any] | None]:
+        """The encoded items' pixels (``None`` for raw ones), decoded in parallel: into one
+        pinned host buffer where ``pinned`` (the CUDA path uploads from it)."""
+        shapes = [item.shape for item in items]
+        total = sum(math.prod(s) for s in shapes if s is not None)
+        if total == 0:
+            return [None] * len(items)
+        buffer = torch.empty(total, dtype=torch.uint8, pin_memory=pinned).numpy()
+        outs: list[np.ndarray[Any, Any] | None] = []
+        at = 0
+        for shape in shapes:
+            if shape is None:
+                outs.append(None)
+                continue
+            outs.append(buffer[at : at + math.prod(shape)].reshape(shape))
+            at += math.prod(shape)
+        jobs = [
+            (item, item.encoding, out)
+            for item, out in zip(items, outs)
+            if out is not None and item.encoding is not None
+        ]
+
+        def decode(job: tuple[_RawItem, EncodedImage, np.ndarray[Any, Any]]) -> None:
+            item, encoding, out = job
+            pixels = batch.open(item.index)
+            decode_encoded(
+                pixels, encoding, item.spec.alpha, out, item.where, max_pixels=self.max_pixels
+            )
+
+        if len(jobs) > 1:
+            list(self._decoders().map(decode, jobs))
+        else:
+            decode(jobs[0])
+        return outs
+
+    def _decoders(self) -> ThreadPoolExecutor:
+        """The threads that decode a batch's encoded items in parallel (made at first use;
+        Pillow lets go of the GIL while it decodes)."""
+        if self._decode_pool is None:
+            self._decode_pool = ThreadPoolExecutor(
+                self.decode_threads, thread_name_prefix="mmwire-owner-decode"
+            )
+        return self._decode_pool
+
+
+@dataclass(frozen=True)
+class _RawItem:
+    """A raw or encoded item of this rank's, checked: where its rows go."""
+
+    index: GlobalIndex
+    spec: PreprocessSpec
+    row: int
+    rows: int
+    where: str
+    encoding: EncodedImage | None
+    """An encoded item's header (its payload is the compressed bytes)."""
+
+    @property
+    def shape(self) -> tuple[int, int, int] | None:
+        """The decoded pixels' ``(H, W, C)`` of an encoded item."""
+        e = self.encoding
+        return None if e is None else (e.height, e.width, e.channels)
 
 
 @dataclass
@@ -269,8 +345,8 @@ class _Walk:
     """A batch's items for this rank, checked: where each non-embedding's rows go."""
 
     features: LocalSlots[torch.Tensor]
-    raw: list[tuple[GlobalIndex, PreprocessSpec, int, int, str]] = field(default_factory=list)
-    """``(index, spec, first row, rows, where)`` per raw item."""
+    raw: list[_RawItem] = field(default_factory=list)
+    """The raw and encoded items."""
     processed: list[tuple[torch.Tensor, int, int]] = field(default_factory=list)
     grids: list[tuple[int, int, int]] = field(default_factory=list)
     spans: list[tuple[LocalIndex, int, int]] = field(default_factory=list)
@@ -306,6 +382,6 @@ def _row_shape(env: FeatureEnvelope) -> tuple[int, ...]:
 
 def _rows(env: FeatureEnvelope) -> int:
     """Rows of ``pixel_values`` a raw or processed item fills."""
-    if env.kind == "raw" and env.preprocess is not None:
+    if env.kind in ("raw", "encoded") and env.preprocess is not None:
         return env.preprocess.plan.grid.patches
     return int(env.tensor.shape[0])

@@ -392,15 +392,18 @@ def test_publish_accepts_tensors_pil_and_encoded_bytes(
         "m",
         [
             Item(data=rgba, consumers=(0,), preprocess=raw_spec),
-            Item(data=png.getvalue(), consumers=(0,), preprocess=raw_spec),
+            Item(data=png.getvalue(), consumers=(0,), preprocess=raw_spec, decode=True),
             Item(data=emb, consumers=(0,), kind="embedding", grid=Grid((4, 4))),
+            Item(data=png.getvalue(), consumers=(0,), preprocess=raw_spec),  # as it is
         ],
     )
     assert envs[0].tensor.shape == (12, 10, 4) and envs[1].tensor.shape == (6, 8, 3)
+    assert envs[3].kind == "encoded" and envs[3].tensor.shape == (len(png.getvalue()),)
     with c.recv(5) as b:
         assert np.array_equal(b.open(GlobalIndex(0)), np.asarray(rgba))
         assert (b.open(GlobalIndex(1)) == 200).all()
         assert torch.equal(b.open_tensor(GlobalIndex(2)), emb)
+        assert bytes(b.open(GlobalIndex(3))) == png.getvalue()
     with pytest.raises(InvalidRequest, match="cannot publish"):
         p.publish("bad", [Item(data=[1, 2], consumers=(0,), kind="embedding", grid=Grid((1, 1)))])
     # the consumer's release reaches the producer asynchronously

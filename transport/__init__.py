@@ -55,17 +55,22 @@ from ._index import LocalIndex as LocalIndex
 from ._index import LocalSlots as LocalSlots
 from ._items import Item as Item
 from ._pixels import AlphaRule as AlphaRule
+from ._pixels import encoded_image as encoded_image
 from ._pixels import image_size as image_size
 from ._pixels import keeps_alpha as keeps_alpha
+from ._pixels import pixel_shape as pixel_shape
+from ._pixels import pixels_into as pixels_into
 from ._pixels import to_pixels as to_pixels
 from ._producer import Producer as Producer
 from ._producer import ProducerStatistics as ProducerStatistics
 from ._schema import DTYPES as DTYPES
+from ._schema import ENCODED_FORMATS as ENCODED_FORMATS
 from ._schema import READABLE_VERSIONS as READABLE_VERSIONS
 from ._schema import SCHEMA_VERSION as SCHEMA_VERSION
 from ._schema import Background as Background
 from ._schema import CpuRef as CpuRef
 from ._schema import CudaIpcRef as CudaIpcRef
+from ._schema import EncodedImage as EncodedImage
 from ._schema import FabricRef as FabricRef
 from ._schema import FeatureEnvelope as FeatureEnvelope
 from ._schema import Grid as Grid
@@ -82,6 +87,7 @@ from ._views import torch_view as torch_view
 
 __all__ = [
     "DTYPES",
+    "ENCODED_FORMATS",
     "READABLE_VERSIONS",
     "SCHEMA_VERSION",
     "AlphaRule",
@@ -103,6 +109,7 @@ __all__ = [
     "DecodedBatch",
     "DevicePoolStatistics",
     "DimensionError",
+    "EncodedImage",
     "EnvelopeError",
     "FabricRef",
     "FeatureEnvelope",
@@ -141,9 +148,12 @@ __all__ = [
     "UnknownDtype",
     "choose_backend",
     "encode_batch",
+    "encoded_image",
     "image_size",
     "keeps_alpha",
     "numpy_view",
+    "pixel_shape",
+    "pixels_into",
     "to_pixels",
     "torch_view",
 ]

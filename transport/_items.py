@@ -10,6 +10,7 @@ nothing and every error is an ``MmwireError``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, get_args
@@ -21,12 +22,14 @@ from ._codec import BatchDecoder, encode_batch
 from ._errors import InvalidRequest, MalformedEnvelope, MmwireError
 from ._handover import MAX_RANKS
 from ._index import GlobalIndex
-from ._pixels import image_size, to_pixels
+from ._pixels import encoded_image, image_size, pixel_shape, pixels_into, to_pixels
 from ._schema import (
     DTYPES,
+    ENCODED_FORMATS,
     SCHEMA_VERSION,
     CpuRef,
     CudaIpcRef,
+    EncodedImage,
     FabricRef,
     FeatureEnvelope,
     Grid,
@@ -37,7 +40,15 @@ from ._schema import (
     TensorSpec,
 )
 
-__all__ = ["MAX_REQUEST_ID", "Item", "PreparedItem", "check_request", "prepare", "validate"]
+__all__ = [
+    "MAX_REQUEST_ID",
+    "Item",
+    "PreparedItem",
+    "check_request",
+    "located",
+    "prepare",
+    "validate",
+]
 
 MAX_REQUEST_ID = 1024
 """Longest ``request_id``, in UTF-8 bytes."""
@@ -56,14 +67,19 @@ class Item:
 
     Attributes:
         data: a numpy array, a torch tensor, a PIL image or encoded image bytes. For raw
-            items these become uint8 ``(H, W, C)`` pixels by the same rules as
-            ``preprocess_images`` (``mmwire.transport.to_pixels``). A CUDA tensor goes into
-            the producer's device pool when it has one (else it is copied to the host once).
+            items, encoded bytes (JPEG, PNG, WebP, GIF, BMP: ``ENCODED_FORMATS``) travel as
+            they are, as an ``encoded`` envelope the owner decodes; the rest become uint8
+            ``(H, W, C)`` pixels by the same rules as ``preprocess_images``
+            (``mmwire.transport.to_pixels``), decoded straight into the arena. A CUDA
+            tensor goes into the producer's device pool when it has one (else it is copied
+            to the host once).
         consumers: the rank(s) that own the item and will read its payload.
-        kind: ``raw`` (pixels, preprocessing deferred), ``processed`` or ``embedding``.
+        kind: ``raw`` (preprocessing deferred), ``processed`` or ``embedding``.
         grid: the item's patch grid; for raw items it may be left to ``preprocess``.
-        preprocess: the spec of a raw item, or a callable ``(width, height) -> spec`` for
-            images whose size is only known once decoded.
+        preprocess: the spec of a raw item, or a callable ``(width, height) -> spec`` (such
+            as a family's spec from ``mmwire.materialize.spec_for``).
+        decode: decode a raw item's encoded bytes here and ship pixels (for owners that
+            cannot decode, or images already in memory at the owner's expense).
     """
 
     data: Any
@@ -72,6 +88,7 @@ class Item:
     grid: Grid | None = None
     preprocess: PreprocessSpec | Callable[[int, int], PreprocessSpec] | None = None
     modality: Modality = "image"
+    decode: bool = False
 
 
 @dataclass(frozen=True)
@@ -80,15 +97,37 @@ class PreparedItem:
 
     item: Item
     array: np.ndarray[Any, Any] | None
-    """Host bytes to copy into the arena (``None`` for a tensor kept on its GPU)."""
+    """Host bytes to copy into the arena (``None`` for a tensor kept on its GPU, or an image
+    ``write_into`` decodes there)."""
     dtype: str
     shape: tuple[int, ...]
     spec: PreprocessSpec | None
+    encoding: EncodedImage | None = None
+    """An encoded item's header: ``array`` is its compressed bytes."""
+    image: Any = None
+    """A raw image (PIL image, encoded bytes, array) whose ``shape`` pixels ``write_into``
+    decodes into the arena: one copy, not three."""
 
     @property
     def nbytes(self) -> int:
         """Host bytes to copy (0 for a tensor kept on its GPU)."""
+        if self.image is not None:
+            return math.prod(self.shape)
         return 0 if self.array is None else int(self.array.nbytes)
+
+    def write_into(self, dst: np.ndarray[Any, Any]) -> None:
+        """Put the item's host bytes into ``dst`` (uint8, ``nbytes`` long)."""
+        if self.image is not None:
+            alpha = self.spec.alpha if self.spec is not None else "keep"
+            pixels_into(self.image, dst.reshape(self.shape), alpha=alpha)
+        elif self.array is not None:
+            dst[:] = self.array.reshape(-1).view(np.uint8)
+
+    def host_bytes(self) -> np.ndarray[Any, Any]:
+        """The item's host bytes in a buffer of their own."""
+        buf = np.empty(self.nbytes, np.uint8)
+        self.write_into(buf)
+        return buf
 
 
 def check_request(request_id: object, items: object, max_items: int) -> Sequence[Item]:
@@ -144,20 +183,34 @@ def prepare(
     data = item.data
     if isinstance(data, torch.Tensor) and data.is_cuda:
         data = data.cpu()
-    if item.kind == "raw":
-        # the spec first, from the size alone: its processor says how to treat alpha
-        width, height = _located(where, image_size, data)
+    if item.kind == "encoded" and (
+        not isinstance(data, (bytes, bytearray, memoryview)) or item.decode
+    ):
+        raise InvalidRequest(f"{where}: an encoded item takes the encoded bytes, undecoded")
+    if item.kind in ("raw", "encoded"):
+        # the spec first, from the size alone: its processor says how to treat alpha; then
+        # the header (encoded bytes ship as they are) or the pixels' shape (decoded later,
+        # straight into the arena)
+        width, height = located(where, image_size, data)
         spec = _spec(item, (height, width), where)
         alpha = spec.alpha if spec is not None else "keep"
-        arr: np.ndarray[Any, Any] = _located(where, lambda d: to_pixels(d, alpha=alpha), data)
-        shape = tuple(int(d) for d in arr.shape)
-        return PreparedItem(item, arr, "uint8", shape, spec)
-    arr, dtype = _located(where, lambda d: _as_array(d, where), data)
+        if isinstance(data, (bytes, bytearray, memoryview)) and not item.decode:
+            enc = located(where, lambda d: encoded_image(d, alpha=alpha), data)
+            if enc is not None:
+                raw = np.frombuffer(data, np.uint8)
+                return PreparedItem(item, raw, "uint8", raw.shape, spec, enc)
+            if item.kind == "encoded":
+                raise InvalidRequest(
+                    f"{where}: an encoded item must be one of {sorted(ENCODED_FORMATS)}"
+                )
+        shape = located(where, lambda d: pixel_shape(d, alpha=alpha), data)
+        return PreparedItem(item, None, "uint8", shape, spec, image=data)
+    arr, dtype = located(where, lambda d: _as_array(d, where), data)
     shape = tuple(int(d) for d in arr.shape)
     return PreparedItem(item, arr, dtype, shape, _spec(item, shape, where))
 
 
-def _located(where: str, f: Callable[[Any], _T], data: Any) -> _T:
+def located(where: str, f: Callable[[Any], _T], data: Any) -> _T:
     """``f(data)``, its ``MmwireError`` prefixed with the item it is about."""
     try:
         return f(data)
@@ -225,12 +278,13 @@ def envelope(
             request_id=request_id,
             index=GlobalIndex(index),
             modality=item.modality,
-            kind=item.kind,
+            kind="encoded" if prepared.encoding is not None else item.kind,
             grid=grid,
             tensor=TensorSpec(dtype=prepared.dtype, shape=prepared.shape, nbytes=nbytes),
             payload=payload,
             consumers=tuple(item.consumers),
             preprocess=spec,
+            encoding=prepared.encoding,
         )
     except MmwireError:
         raise

@@ -29,17 +29,31 @@ are refused too.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import warnings
+from collections.abc import Iterator
 from typing import Any, Literal
 
+import msgspec
 import numpy as np
 import torch
 from PIL import Image
 
+from ._arrow import decode_single_block, pixel_view
 from ._errors import ImageDecodeError, MaterializeError
+from ._schema import ENCODED_FORMATS, EncodedImage
 
-__all__ = ["SUPPORTED_MODES", "AlphaRule", "image_size", "keeps_alpha", "to_pixels"]
+__all__ = [
+    "SUPPORTED_MODES",
+    "AlphaRule",
+    "encoded_image",
+    "image_size",
+    "keeps_alpha",
+    "pixel_shape",
+    "pixels_into",
+    "to_pixels",
+]
 
 AlphaRule = Literal["keep", "white"]
 
@@ -83,9 +97,14 @@ def to_pixels(
     anything else.
     """
     if isinstance(image, (bytes, bytearray, memoryview)):
-        return _decode(image, max_pixels, alpha)
+        with _opened(image) as im:
+            out = np.empty(_pil_shape(im, max_pixels, alpha), np.uint8)
+            _pil_into(im, out, alpha, decode=True)
+            return out
     if isinstance(image, Image.Image):
-        return _from_pil(image, max_pixels, alpha)
+        out = np.empty(_pil_shape(image, max_pixels, alpha), np.uint8)
+        _pil_into(image, out, alpha, decode=False)
+        return out
     arr = _array(image)
     _check_size(arr.shape[1], arr.shape[0], max_pixels)
     if alpha == "white" and arr.shape[2] == 4:
@@ -93,16 +112,74 @@ def to_pixels(
     return np.ascontiguousarray(arr)
 
 
+def encoded_image(
+    data: bytes | bytearray | memoryview,
+    *,
+    max_pixels: int = _DEFAULT_MAX_PIXELS,
+    alpha: AlphaRule = "keep",
+) -> EncodedImage | None:
+    """What encoded ``data`` holds, from its header alone (no pixel decoded): its container,
+    size and the channels decoding gives under ``alpha``; ``None`` for a container outside
+    ``ENCODED_FORMATS`` (decode those before shipping). Refuses what :func:`to_pixels`
+    would refuse before decoding: bytes that are no image, a mode it does not take, a size
+    past ``max_pixels``."""
+    with _opened(data) as im:
+        height, width, channels = _pil_shape(im, max_pixels, alpha)
+        fmt = im.format
+        if fmt not in ENCODED_FORMATS:
+            return None
+        return msgspec.convert(
+            {"format": fmt, "width": width, "height": height, "channels": channels},
+            EncodedImage,
+        )
+
+
+def pixel_shape(
+    image: Any, *, max_pixels: int = _DEFAULT_MAX_PIXELS, alpha: AlphaRule = "keep"
+) -> tuple[int, int, int]:
+    """The ``(H, W, C)`` :func:`to_pixels` would return, without decoding any pixels
+    (encoded bytes: from the header), refusing what it would refuse before decoding."""
+    if isinstance(image, (bytes, bytearray, memoryview)):
+        with _opened(image) as im:
+            return _pil_shape(im, max_pixels, alpha)
+    if isinstance(image, Image.Image):
+        return _pil_shape(image, max_pixels, alpha)
+    arr = _array(image)
+    _check_size(arr.shape[1], arr.shape[0], max_pixels)
+    return arr.shape[0], arr.shape[1], 3 if alpha == "white" and arr.shape[2] == 4 else arr.shape[2]
+
+
+def pixels_into(
+    image: Any,
+    out: np.ndarray[Any, Any],
+    *,
+    max_pixels: int = _DEFAULT_MAX_PIXELS,
+    alpha: AlphaRule = "keep",
+) -> None:
+    """Write :func:`to_pixels` of ``image`` into ``out`` (uint8, C-contiguous, the shape
+    :func:`pixel_shape` gave), decoding straight from Pillow's memory where Pillow exports
+    it: one copy. A decoded image whose shape is not ``out``'s is a ``MaterializeError``."""
+    if isinstance(image, (bytes, bytearray, memoryview)):
+        with _opened(image) as im:
+            _expect(out, _pil_shape(im, max_pixels, alpha))
+            _pil_into(im, out, alpha, decode=True)
+        return
+    if isinstance(image, Image.Image):
+        _expect(out, _pil_shape(image, max_pixels, alpha))
+        _pil_into(image, out, alpha, decode=False)
+        return
+    arr = to_pixels(image, max_pixels=max_pixels, alpha=alpha)
+    _expect(out, arr.shape)
+    np.copyto(out, arr)
+
+
 def image_size(image: Any) -> tuple[int, int]:
     """``(width, height)`` of what :func:`to_pixels` takes, without decoding any pixels
     (encoded bytes: from the header). Refuses what it would refuse for its type, shape or
     emptiness."""
     if isinstance(image, (bytes, bytearray, memoryview)):
-        try:
-            with Image.open(io.BytesIO(bytes(image))) as im:
-                width, height = im.width, im.height
-        except Exception as e:  # Pillow raises many types for hostile bytes
-            raise ImageDecodeError(f"{len(image)} bytes are not an image: {e}") from e
+        with _opened(image) as im:
+            width, height = im.width, im.height
     elif isinstance(image, Image.Image):
         width, height = image.width, image.height
     else:
@@ -152,41 +229,70 @@ def _check_size(width: int, height: int, max_pixels: int) -> None:
         )
 
 
-def _from_pil(image: Image.Image, max_pixels: int, alpha: AlphaRule) -> np.ndarray[Any, Any]:
+def _expect(out: np.ndarray[Any, Any], shape: tuple[int, ...]) -> None:
+    if out.dtype != np.uint8 or tuple(out.shape) != tuple(shape):
+        raise MaterializeError(
+            f"the image decodes to {list(shape)} uint8, its destination is "
+            f"{list(out.shape)} {out.dtype}"
+        )
+
+
+def _pil_shape(image: Image.Image, max_pixels: int, alpha: AlphaRule) -> tuple[int, int, int]:
+    """``(H, W, C)`` of an image under the channel rules, from its mode and info alone."""
     if image.mode not in SUPPORTED_MODES:
         raise MaterializeError(
             f"image mode `{image.mode}` is not supported: 8-bit modes only "
             f"({' '.join(sorted(SUPPORTED_MODES))})"
         )
     _check_size(image.width, image.height, max_pixels)
+    if alpha == "white":
+        channels = 3 if _transparent(image) or image.mode != "L" else 1
+    else:
+        channels = 4 if keeps_alpha(image) else 1 if image.mode == "L" else 3
+    return image.height, image.width, channels
+
+
+def _transparent(image: Image.Image) -> bool:
+    """transformers' test for compositing: an A band or a ``transparency`` entry."""
+    return "A" in image.getbands() or image.info.get("transparency") is not None
+
+
+def _pil_into(
+    image: Image.Image, out: np.ndarray[Any, Any], alpha: AlphaRule, decode: bool
+) -> None:
+    """An image's pixels under the channel rules into ``out`` (its ``_pil_shape``).
+
+    ``decode``: ``image`` is a file opened here, whose pixels go into one block of memory,
+    so that they are read in place."""
     try:
-        transparent = "A" in image.getbands() or image.info.get("transparency") is not None
-        if alpha == "white" and transparent:
-            return over_white(np.asarray(image.convert("RGBA")))
-        if alpha == "keep" and keeps_alpha(image):
-            image = image.convert("RGBA")
-        elif image.mode != "L":
-            image = image.convert("RGB")
-        arr = np.asarray(image)
+        single = decode_single_block(image) if decode else False
+        if alpha == "white" and _transparent(image):
+            np.copyto(out, over_white(np.asarray(image.convert("RGBA"))))
+            return
+        channels = out.shape[2]
+        want = {1: "L", 3: "RGB", 4: "RGBA"}[channels]
+        final = image if image.mode == want else image.convert(want)
+        view = pixel_view(final, single_block=single and final is image)
+        if view is None:
+            np.copyto(out, np.asarray(final).reshape(out.shape))
+        elif view.shape[2] == channels:
+            np.copyto(out, view)
+        else:  # RGB held as RGBX: a strided gather, which torch does faster than numpy
+            torch.from_numpy(out).copy_(torch.from_numpy(view[:, :, :channels]))
     except (OSError, ValueError, SyntaxError) as e:  # a lazily loaded file that is cut short
         raise ImageDecodeError(f"the image's pixels do not decode: {e}") from e
-    return arr[:, :, None] if arr.ndim == 2 else arr
 
 
-def _decode(
-    data: bytes | bytearray | memoryview, max_pixels: int, alpha: AlphaRule
-) -> np.ndarray[Any, Any]:
+@contextlib.contextmanager
+def _opened(data: bytes | bytearray | memoryview) -> Iterator[Image.Image]:
+    """An encoded image opened (header read, no pixels decoded), Pillow's errors typed."""
     raw = data if isinstance(data, bytes) else bytes(data)  # any memoryview, contiguous or not
     try:
         with warnings.catch_warnings():
-            # The ceiling is ours (`max_pixels`), checked below from the header alone.
+            # The ceiling is ours (`max_pixels`), checked from the header alone.
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             with Image.open(io.BytesIO(raw)) as im:
-                _check_size(im.width, im.height, max_pixels)
-                if im.mode not in SUPPORTED_MODES:
-                    return _from_pil(im, max_pixels, alpha)  # refuses it
-                im.load()
-                return _from_pil(im, max_pixels, alpha)
+                yield im
     except MaterializeError:
         raise
     except Image.DecompressionBombError as e:

@@ -53,6 +53,7 @@ import threading
 import time
 import warnings
 from collections.abc import Collection, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal, final
 
@@ -72,7 +73,7 @@ from ._errors import (
 )
 from ._gpu import DevicePoolMode, DevicePoolStatistics, ProducerDevice
 from ._handover import HandoverServer, Hello, Offer, Refusal
-from ._items import Item, PreparedItem, check_request, envelope, prepare, validate
+from ._items import Item, PreparedItem, check_request, envelope, located, prepare, validate
 from ._schema import CpuRef, CudaIpcRef, FabricRef, FeatureEnvelope, InlineRef
 from ._select import BackendChoice
 
@@ -171,6 +172,7 @@ class Producer:
         join_timeout: float = 10.0,
     ) -> None:
         self.closed = True  # until every resource below exists
+        self._decode_pool: ThreadPoolExecutor | None = None
         tcp = (endpoint or "").startswith("tcp://")
         if tcp and curve is None:
             if not allow_insecure_tcp:
@@ -587,12 +589,24 @@ class Producer:
     ) -> list[FeatureEnvelope]:
         """Copy the host payloads into the lease; the envelopes with their real references."""
         out = list(envs)
-        for k, (off, n) in zip(host, lease.slots):
-            arr = prepared[k].array
-            if arr is None:  # host slots are made only for items with host bytes
-                raise TypeError(f"item {k} has no host bytes")
+        slots = dict(zip(host, lease.slots))
+
+        def write(k: int) -> None:
+            off, n = slots[k]
             dst = np.frombuffer(self.arena.view, dtype=np.uint8, count=n, offset=off)
-            dst[:] = arr.reshape(-1).view(np.uint8)
+            located(f"item {k} of request {envs[k].request_id!r}", prepared[k].write_into, dst)
+
+        # images decode in parallel (Pillow lets go of the GIL), each straight into its slot
+        decoding = [k for k in host if prepared[k].image is not None]
+        if len(decoding) > 1:
+            list(self._decoders().map(write, decoding))
+        else:
+            for k in decoding:
+                write(k)
+        for k in host:
+            if prepared[k].image is None:
+                write(k)
+        for k, (off, n) in slots.items():
             ref = CpuRef(
                 arena_id=self.arena.id,
                 lease=lease.start,
@@ -689,7 +703,7 @@ class Producer:
             msgspec.structs.replace(e, payload=InlineRef(frame=k)) for k, e in enumerate(envs)
         ]
         # Copies: the caller may reuse its arrays as soon as publish returns.
-        frames = encode_batch(inline, [p.array.tobytes() for p in prepared if p.array is not None])
+        frames = encode_batch(inline, [p.host_bytes() for p in prepared])
         owners = {r for p in prepared for r in p.item.consumers}
         with self._lock:
             evicted = self._deliver(inline, None, frames)
@@ -741,9 +755,18 @@ class Producer:
         self._ctx.term()
         self.arena.close()
         self._device.close()
+        if self._decode_pool is not None:
+            self._decode_pool.shutdown(wait=True)
         os.close(self._wake_r)
         os.close(self._wake_w)
         shutil.rmtree(self._dir, ignore_errors=True)
+
+    def _decoders(self) -> ThreadPoolExecutor:
+        """The threads that decode one request's images in parallel (made at first use)."""
+        if self._decode_pool is None:
+            workers = min(8, os.cpu_count() or 1)
+            self._decode_pool = ThreadPoolExecutor(workers, thread_name_prefix="mmwire-decode")
+        return self._decode_pool
 
     def __enter__(self) -> Producer:
         return self

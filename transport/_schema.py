@@ -29,11 +29,13 @@ from ._index import GlobalIndex
 
 __all__ = [
     "DTYPES",
+    "ENCODED_FORMATS",
     "READABLE_VERSIONS",
     "SCHEMA_VERSION",
     "Background",
     "CpuRef",
     "CudaIpcRef",
+    "EncodedImage",
     "FabricRef",
     "FeatureEnvelope",
     "Grid",
@@ -71,7 +73,11 @@ DTYPES: dict[str, int] = {
 _MAX_NDIM = 8
 
 Modality = Literal["image", "video", "audio"]
-Kind = Literal["raw", "processed", "embedding"]
+Kind = Literal["raw", "processed", "embedding", "encoded"]
+EncodedFormat = Literal["JPEG", "PNG", "WEBP", "GIF", "BMP"]
+ENCODED_FORMATS: frozenset[str] = frozenset(("JPEG", "PNG", "WEBP", "GIF", "BMP"))
+"""Containers an encoded item may carry (Pillow's format names): what clients send. Others
+are decoded on the producer, so an owner never runs a rarer decoder on a peer's bytes."""
 Processor = Literal["kimi_vl", "qwen2_vl"]
 """Whose image-processor semantics a raw item follows: ``kimi_vl`` (Kimi-K2.5/K3's NaViT
 plan, rows ``(3, p, p)``) or ``qwen2_vl`` (transformers' ``Qwen2VLImageProcessor``, which
@@ -455,6 +461,25 @@ class PreprocessSpec(msgspec.Struct, frozen=True, kw_only=True):
             )
 
 
+class EncodedImage(msgspec.Struct, frozen=True, kw_only=True):
+    """What an encoded item's bytes hold, read from their header on the producer: the
+    container, the size, and the channels decoding gives under the item's alpha rule. The
+    owner decodes and refuses pixels that disagree (``GridMismatch``)."""
+
+    format: EncodedFormat
+    width: int
+    height: int
+    channels: int
+
+    def __post_init__(self) -> None:
+        if self.width <= 0 or self.height <= 0:
+            raise DimensionError(
+                f"`encoding` size must be positive, got {self.width}x{self.height}"
+            )
+        if self.channels not in (1, 3, 4):
+            raise DimensionError(f"`encoding.channels` must be 1, 3 or 4, got {self.channels}")
+
+
 class FeatureEnvelope(msgspec.Struct, frozen=True, kw_only=True):
     """One item of a batch: what it is, where its payload lives, and who reads it.
 
@@ -462,6 +487,8 @@ class FeatureEnvelope(msgspec.Struct, frozen=True, kw_only=True):
       owner materialises it.
     * ``processed``: model-ready ``(patches, ...)`` features; rows must equal ``grid.patches``.
     * ``embedding``: encoder output ``(tokens, hidden)`` for disaggregated encoders.
+    * ``encoded``: a raw item's compressed image ``(nbytes,)`` uint8 as the client sent it,
+      with its ``encoding`` and ``preprocess`` spec; the owner decodes, then as ``raw``.
 
     ``consumers`` are the ranks that will map and release the payload (the item's owners);
     every other rank only reads the metadata.
@@ -478,6 +505,7 @@ class FeatureEnvelope(msgspec.Struct, frozen=True, kw_only=True):
     consumers: tuple[int, ...]
     preprocess: PreprocessSpec | None = None
     digest: str | None = None
+    encoding: EncodedImage | None = None
 
     def __post_init__(self) -> None:
         if self.version not in READABLE_VERSIONS:
@@ -498,8 +526,14 @@ class FeatureEnvelope(msgspec.Struct, frozen=True, kw_only=True):
             )
         if self.kind == "raw":
             self._check_raw(where)
+        elif self.kind == "encoded":
+            self._check_encoded(where)
         elif self.preprocess is not None:
-            raise MalformedEnvelope(f"`preprocess` is only allowed on raw items ({where})")
+            raise MalformedEnvelope(
+                f"`preprocess` is only allowed on raw and encoded items ({where})"
+            )
+        if (self.encoding is not None) != (self.kind == "encoded"):
+            raise MalformedEnvelope(f"`encoding` is required on encoded items only ({where})")
         if self.kind == "processed" and self.tensor.shape[0] != self.grid.patches:
             raise GridMismatch(
                 f"processed tensor of {where} has {self.tensor.shape[0]} rows but its grid "
@@ -507,6 +541,31 @@ class FeatureEnvelope(msgspec.Struct, frozen=True, kw_only=True):
             )
         if self.digest is not None and len(self.digest) > 128:
             raise MalformedEnvelope(f"`digest` of {where} is over 128 characters")
+
+    def _check_encoded(self, where: str) -> None:
+        spec, enc = self.preprocess, self.encoding
+        if spec is None or enc is None:
+            raise MalformedEnvelope(f"encoded {where} needs `preprocess` and `encoding`")
+        if self.tensor.dtype != "uint8" or len(self.tensor.shape) != 1:
+            raise MalformedEnvelope(
+                f"encoded {where} must carry (nbytes,) uint8, got "
+                f"{self.tensor.dtype}{list(self.tensor.shape)}"
+            )
+        if (enc.width, enc.height) != (spec.plan.width, spec.plan.height):
+            raise DimensionError(
+                f"encoded {where} is {enc.width}x{enc.height} but its plan says "
+                f"{spec.plan.width}x{spec.plan.height}"
+            )
+        if enc.channels == 4 and spec.alpha == "white":
+            raise DimensionError(
+                f"encoded {where} declares RGBA, but its processor composites transparency "
+                "over white: 1 or 3 channels"
+            )
+        if spec.plan.grid.thw != self.grid.thw:
+            raise GridMismatch(
+                f"`grid` {list(self.grid.dims)} of {where} disagrees with its plan's grid "
+                f"{list(spec.plan.grid.dims)}"
+            )
 
     def _check_raw(self, where: str) -> None:
         spec = self.preprocess

@@ -1,0 +1,55 @@
+"""The owner's decode of an encoded item: the same Pillow as the producer would have run,
+checked against what the producer read from the header."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from mmwire.transport import (
+    AlphaRule,
+    EncodedImage,
+    GridMismatch,
+    MaterializeError,
+    encoded_image,
+    pixels_into,
+)
+
+__all__ = ["decode_encoded"]
+
+
+def decode_encoded(
+    data: np.ndarray[Any, Any],
+    encoding: EncodedImage,
+    alpha: AlphaRule,
+    out: np.ndarray[Any, Any],
+    where: str,
+    *,
+    max_pixels: int,
+) -> None:
+    """Decode an encoded item's bytes into ``out`` (``(H, W, C)`` of its ``encoding``).
+
+    The bytes' own header must say what the envelope says (container, size, channels under
+    the item's alpha rule), else ``GridMismatch``; bytes that do not decode, or decode to
+    other pixels than their header promised, are a ``MaterializeError`` naming the item.
+    """
+    raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8).data
+    try:
+        header = encoded_image(raw, max_pixels=max_pixels, alpha=alpha)
+    except MaterializeError as e:
+        raise type(e)(f"encoded {where}: {e}") from e.__cause__
+    if header != encoding:
+        raise GridMismatch(
+            f"encoded {where}: its bytes hold {_describe(header)}, its envelope declared "
+            f"{_describe(encoding)}"
+        )
+    try:
+        pixels_into(raw, out, max_pixels=max_pixels, alpha=alpha)
+    except MaterializeError as e:
+        raise type(e)(f"encoded {where}: {e}") from e.__cause__
+
+
+def _describe(e: EncodedImage | None) -> str:
+    if e is None:
+        return "no image mmwire ships encoded"
+    return f"a {e.width}x{e.height} {e.format} of {e.channels} channels"
