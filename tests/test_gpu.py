@@ -518,3 +518,31 @@ def test_cuda_materializer_serves_qwen_items_over_a_registered_arena(
     finally:
         c.close()
         p.close()
+
+
+def test_cuda_materializer_decodes_encoded_items_into_pinned_memory() -> None:
+    # encoded JPEG/PNG/WebP items, decoded on the owner's threads into one pinned buffer and
+    # uploaded from it, beside a raw item from the registered arena: the CPU path's bytes
+    from mmwire.materialize import K3_BACKGROUND, Materializer, ProcessorConfig
+    from mmwire.transport import IndexMap
+    from test_encoded import SAMPLES
+
+    cfg = ProcessorConfig(in_patch_limit=300, background=K3_BACKGROUND)
+    data: list[Any] = [SAMPLES[n]() for n in ("jpeg-420", "png-rgba", "webp-lossy", "gif")]
+    data.append(np.zeros((40, 70, 3), np.uint8))  # raw
+    p = Producer(arena_size=64 << 20)
+    c = Consumer(0, p.endpoint, handover=p.handover_path)
+    try:
+        p.wait_for_consumers([0])
+        c.register_with_cuda()
+        p.publish("e", [Item(data=d, consumers=(0,), preprocess=cfg) for d in data])
+        with c.recv(10) as b:
+            assert [b.envelopes[GlobalIndex(i)].kind for i in range(5)] == ["encoded"] * 4 + ["raw"]
+            m = IndexMap(0, [GlobalIndex(i) for i in (3, 4, 0, 2, 1)])
+            got = Materializer(0, device="cuda", dtype=torch.bfloat16).materialize(b, m)
+            want = Materializer(0, dtype=torch.bfloat16).materialize(b, m)
+        assert torch.equal(got.pixel_values.cpu(), want.pixel_values)
+        assert torch.equal(got.grid_thw.cpu(), want.grid_thw)
+    finally:
+        c.close()
+        p.close()
