@@ -80,17 +80,20 @@ def test_transport_runs_every_method(tmp_path: Path) -> None:
     assert methods == {"mmwire", "pickle", "oob", "segment", "tmp_queue"}
 
 
-def test_pipeline_runs_both_modes_and_every_owner_reports(tmp_path: Path) -> None:
+def test_pipeline_runs_every_way_from_the_bytes_and_every_owner_reports(tmp_path: Path) -> None:
     args = ["--out", str(tmp_path / "r"), "pipeline", "--requests", "3", "--rates", "1"]
     assert main(args) == 0
     (run,) = (tmp_path / "r").iterdir()
     rows = json.loads((run / "results.json").read_text())["rows"]
-    assert {r["mode"] for r in rows} == {"eager", "deferred"}
+    by_mode = {r["mode"]: r for r in rows}
+    assert set(by_mode) == {"eager", "raw", "encoded"}
     for r in rows:  # _run raises if an owner of some request never reported
         assert len(r["ttft_s"]) == 3 and min(r["ttft_s"]) > 0
-    deferred = next(r for r in rows if r["mode"] == "deferred")
-    eager = next(r for r in rows if r["mode"] == "eager")
-    assert deferred["payload_bytes"] * 3 < eager["payload_bytes"]  # uint8 vs fp32 patches
+        assert r["producer_cpu_s_per_request"] > 0
+    # the same requests: fp32 patches > uint8 pixels > the client's compressed bytes
+    assert by_mode["raw"]["payload_bytes"] < by_mode["eager"]["payload_bytes"]
+    assert by_mode["encoded"]["payload_bytes"] * 5 < by_mode["raw"]["payload_bytes"]
+    assert "vs raw" in (run / "table.txt").read_text()
 
 
 def test_gpu_commands_refuse_cleanly_without_cuda(tmp_path: Path) -> None:
