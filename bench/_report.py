@@ -205,9 +205,8 @@ def regenerate_index(root: Path | None = None) -> Path:
         m = data.get("machine", {})
         lines += [
             "",
-            f"## {path.parent.name}",
-            f"{str(m.get('date'))[:10]} · {m.get('cpus')} CPUs ({m.get('cpu_model')}) · "
-            f"GPU: {m.get('gpu') or 'none'} · commit `{m.get('commit')}`",
+            f"## {path.parent.name}: {str(m.get('date'))[:10]} · {m.get('cpus')} CPUs "
+            f"({m.get('cpu_model')}) · GPU: {m.get('gpu') or 'none'} · commit `{m.get('commit')}`",
         ]
         table = path.parent / "table.txt"
         if table.exists():  # without the tables' blank padding lines
