@@ -265,3 +265,15 @@ def test_a_request_of_several_images_decodes_into_the_arena_in_parallel(
     finally:
         c.close()
         p.close()
+
+
+def test_bytearray_and_memoryview_payloads_ship_encoded_too() -> None:
+    data = SAMPLES["png-rgb"]()
+    padded = bytearray(b"\0" + data)
+    items = [
+        Item(data=bytearray(data), consumers=(0,), preprocess=K3),
+        Item(data=memoryview(padded)[1:], consumers=(0,), preprocess=K3),
+    ]
+    got, kinds, shipped = _materialize(items)
+    assert kinds == ["encoded", "encoded"] and shipped == 2 * len(data)
+    assert torch.equal(got, preprocess_images([data, data], K3)[0])

@@ -78,8 +78,8 @@ class Item:
         grid: the item's patch grid; for raw items it may be left to ``preprocess``.
         preprocess: the spec of a raw item, or a callable ``(width, height) -> spec`` (such
             as a family's spec from ``mmwire.materialize.spec_for``).
-        decode: decode a raw item's encoded bytes here and ship pixels (for owners that
-            cannot decode, or images already in memory at the owner's expense).
+        decode: decode a raw item's encoded bytes on the producer and ship pixels (for
+            owners that should not decode).
     """
 
     data: Any
@@ -197,7 +197,8 @@ def prepare(
         if isinstance(data, (bytes, bytearray, memoryview)) and not item.decode:
             enc = located(where, lambda d: encoded_image(d, alpha=alpha), data)
             if enc is not None:
-                raw = np.frombuffer(data, np.uint8)
+                buf = data if isinstance(data, (bytes, bytearray)) else bytes(data)
+                raw = np.frombuffer(buf, np.uint8)
                 return PreparedItem(item, raw, "uint8", raw.shape, spec, enc)
             if item.kind == "encoded":
                 raise InvalidRequest(

@@ -490,7 +490,8 @@ class Producer:
         * ``InvalidRequest``: no items, a bad ``request_id``, an item of an unsupported
           type or dtype, a bad consumer list, a ``preprocess`` callable that raised;
         * ``MaterializeError`` (``ImageDecodeError``): a raw item's image that cannot be
-          taken (``mmwire.transport.to_pixels``'s contract);
+          taken (``mmwire.transport.to_pixels``'s contract; a body that fails to decode
+          after its header was read frees the lease);
         * ``EnvelopeError``: envelopes the consumers would refuse (a grid, spec or limit);
         * ``ArenaFull``: no room within ``full_timeout`` (at once if it can never fit);
         * ``PeerGone``: a named rank has not joined, or went away before receiving it;
