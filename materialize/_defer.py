@@ -1,4 +1,4 @@
-"""The producer's deferral gate: ship raw uint8 pixels, or preprocess eagerly."""
+"""The producer's deferral gate: ship the image (encoded or raw), or preprocess eagerly."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from mmwire.transport import MaterializeError, keeps_alpha
+from mmwire.transport import MaterializeError, encoded_image, keeps_alpha, pixel_shape
 from PIL import Image
 
 from ._families import ModelSpec
@@ -17,19 +17,31 @@ from ._plan import ProcessorConfig
 __all__ = ["should_defer"]
 
 
-def _raw_geometry(image: Any, spec: ModelSpec) -> tuple[int, int, int] | None:
-    """``(channels shipped, width, height)`` of a deferrable image, ``None`` if not deferrable."""
+def _shipped(image: Any, spec: ModelSpec) -> tuple[int, int, int] | None:
+    """``(bytes shipped, width, height)`` of a deferrable image, ``None`` if not deferrable:
+    encoded bytes as they are (from their header), else its uint8 pixels (4 channels where
+    the family keeps alpha for the owner)."""
+    if isinstance(image, (bytes, bytearray, memoryview)):
+        try:
+            enc = encoded_image(image, alpha=spec.alpha)
+            if enc is not None:
+                return len(image), enc.width, enc.height
+            h, w, c = pixel_shape(image, alpha=spec.alpha)
+        except MaterializeError:
+            return None
+        return c * w * h, w, h
     if isinstance(image, Image.Image):
         alpha = spec.alpha == "keep" and keeps_alpha(image)
-        return (4 if alpha else 3), image.width, image.height
+        return (4 if alpha else 3) * image.width * image.height, image.width, image.height
     if isinstance(image, (torch.Tensor, np.ndarray)):
         if image.dtype not in (torch.uint8, np.uint8):
             return None
         if image.ndim == 2:
-            return 3, image.shape[1], image.shape[0]
+            return 3 * image.shape[0] * image.shape[1], image.shape[1], image.shape[0]
         if image.ndim == 3 and image.shape[0] in (1, 3, 4):  # CHW
             alpha = spec.alpha == "keep" and image.shape[0] == 4
-            return (4 if alpha else 3), image.shape[2], image.shape[1]
+            w, h = image.shape[2], image.shape[1]
+            return (4 if alpha else 3) * w * h, w, h
     return None
 
 
@@ -43,10 +55,11 @@ def should_defer(
     """Whether a request's preprocessing should be left to its owner rank.
 
     Defer only on the host (``cpu``) transport to consumers with a GPU, for a non-empty
-    list of PIL images or uint8 tensors whose raw bytes (channels·W·H; 4 channels where the
-    family keeps alpha for the owner) are each no larger than their processed fp32 bytes
-    (rows · the family's row values · 4). ``spec``: the family's (``spec_for``; default
-    Kimi-K2.5). An image the family refuses (Qwen-VL: aspect ratio over 200) is not
+    list of encoded bytes, PIL images or uint8 tensors whose shipped bytes (encoded: as they
+    are; else channels·W·H, 4 channels where the family keeps alpha for the owner) are each
+    no larger than their processed fp32 bytes (rows · the family's row values · 4).
+    ``spec``: the family's (``spec_for``; default Kimi-K2.5). An image the family or the
+    decoder refuses (Qwen-VL: aspect ratio over 200; bytes that are no image) is not
     deferred: the eager path reports it.
     """
     model: ModelSpec = spec or ProcessorConfig()
@@ -54,14 +67,14 @@ def should_defer(
         return False
     row_values = math.prod(model.row_shape)
     for image in images:
-        geo = _raw_geometry(image, model)
-        if geo is None:
+        shipped = _shipped(image, model)
+        if shipped is None:
             return False
-        ch, w, h = geo
+        nbytes, w, h = shipped
         try:
             plan = model.plan(w, h)
         except MaterializeError:
             return False
-        if ch * w * h > plan.grid.patches * row_values * 4:
+        if nbytes > plan.grid.patches * row_values * 4:
             return False
     return True

@@ -277,3 +277,18 @@ def test_bytearray_and_memoryview_payloads_ship_encoded_too() -> None:
     got, kinds, shipped = _materialize(items)
     assert kinds == ["encoded", "encoded"] and shipped == 2 * len(data)
     assert torch.equal(got, preprocess_images([data, data], K3)[0])
+
+
+def test_the_deferral_gate_counts_encoded_bytes_as_shipped() -> None:
+    from mmwire.materialize import should_defer
+
+    # a 4000x3000 photo under a tiny patch limit: its pixels (36 MB) are more than its
+    # processed patches, its JPEG (about 1 MB) is not
+    tiny = ProcessorConfig(in_patch_limit=1024)  # about 2.4 MB of fp32 patches
+    photo = _photo((4000, 3000))
+    jpeg = _save(photo, "JPEG", quality=90)
+    gate = {"transport": "cpu", "consumer_has_gpu": True, "spec": tiny}
+    assert should_defer([jpeg], **gate)
+    assert not should_defer([photo], **gate)
+    assert not should_defer([np.asarray(photo).transpose(2, 0, 1).copy()], **gate)
+    assert not should_defer([b"not an image"], **gate)
