@@ -3,7 +3,8 @@
 General layout: ``_families`` (the model families and ``spec_for``), ``_plan`` (the resize
 plans: Kimi's NaViT plan, Qwen-VL's ``smart_resize``), ``_grids`` (grid/token arithmetic),
 ``_placeholders``, ``_defer`` (the producer's gate), ``_assign`` (vision-DP owners),
-``_pipeline`` (the exact CPU pixel pipeline), ``_backend`` (CPU or CUDA),
+``_pipeline`` (the exact CPU pixel pipeline), ``_decode`` (an encoded item's decode at the
+owner), ``_backend`` (CPU or CUDA),
 ``_materializer`` (the owner rank's entry point). Pillow's BICUBIC tables and the normalise
 table live in ``mmwire.kernels.reference``, which the CUDA kernels share; they are
 re-exported here.

@@ -2,7 +2,8 @@
 
 General layout: ``_errors`` (the exception tree), ``_index`` (GlobalIndex/LocalIndex and
 their tables), ``_schema`` (the envelope Structs), ``_codec`` (frames <-> envelopes),
-``_views`` (zero-copy array views), ``_pixels`` (the image input contract), ``_items``
+``_views`` (zero-copy array views), ``_pixels`` (the image input contract, with ``_arrow``
+reading Pillow's memory in place), ``_items``
 (what ``publish`` accepts), ``_arena``/``_handover``/``_control`` (the arena, its handover and
 the table of joined consumers), ``_producer``/``_consumer`` (the two ends; the GPU backends
 are options of the one producer), ``_cuda``/``_device_pool``/``_gpu`` (the GPU backends'
