@@ -83,7 +83,7 @@ struct PatchOrder {
     if constexpr (LAYOUT_MERGE == 0) {
       return gy * gw + gx;
     } else {
-      constexpr int m = LAYOUT_MERGE;
+      constexpr int m = LAYOUT_MERGE > 0 ? LAYOUT_MERGE : 1;  // (the branch is compiled for 0 too)
       return ((gy / m) * (gw / m) + gx / m) * (m * m) + (gy % m) * m + gx % m;
     }
   }
