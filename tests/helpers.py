@@ -52,6 +52,30 @@ def raw_envelope(
     )
 
 
+def encoded_envelope(
+    index: int, data: bytes, *, frame: int, spec: PreprocessSpec | None = None
+) -> FeatureEnvelope:
+    """An envelope for an encoded image's bytes, inline (spec: the default one of its size)."""
+    from mmwire.transport import EncodedImage, encoded_image
+
+    header = encoded_image(data)
+    assert isinstance(header, EncodedImage)
+    spec = spec or raw_spec(header.width, header.height)
+    return FeatureEnvelope(
+        version=SCHEMA_VERSION,
+        request_id="req-e",
+        index=GlobalIndex(index),
+        modality="image",
+        kind="encoded",
+        grid=spec.plan.grid,
+        tensor=TensorSpec(dtype="uint8", shape=(len(data),), nbytes=len(data)),
+        payload=InlineRef(frame=frame),
+        consumers=(0,),
+        preprocess=spec,
+        encoding=header,
+    )
+
+
 def processed_envelope(index: int, grid: tuple[int, ...], frame: int) -> FeatureEnvelope:
     """An envelope for a processed fp32 ``(patches, 3, 14, 14)`` tensor, inline."""
     g = Grid(grid)

@@ -9,15 +9,16 @@ traceback dump at 120 s is not async-safe and once crashed the interpreter mid-r
 
 from __future__ import annotations
 
+import io
 import os
 import time
 
 import msgspec
 import numpy as np
-from helpers import cpu_ref, processed_envelope, raw_envelope
+from helpers import cpu_ref, encoded_envelope, processed_envelope, raw_envelope
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from mmwire.materialize import Materializer
+from mmwire.materialize import FAMILIES, Materializer
 from mmwire.transport import (
     BatchDecoder,
     Consumer,
@@ -26,6 +27,7 @@ from mmwire.transport import (
     MmwireError,
     encode_batch,
 )
+from PIL import Image
 
 EXAMPLES = int(os.environ.get("MMWIRE_FUZZ_EXAMPLES", "3000"))
 DECODER = BatchDecoder()
@@ -35,13 +37,19 @@ MAX_SECONDS = 2.0
 
 _img = np.arange(5 * 7 * 3, dtype=np.uint8).reshape(5, 7, 3)
 _proc = processed_envelope(2, (1, 2, 2), frame=1)
+_png = io.BytesIO()
+Image.fromarray(np.arange(9 * 11 * 3, dtype=np.uint8).reshape(9, 11, 3)).save(_png, "PNG")
+PNG = _png.getvalue()
+_qwen_img = np.arange(6 * 4 * 3, dtype=np.uint8).reshape(6, 4, 3)
 VALID = encode_batch(
     [
         raw_envelope(0, _img),
         raw_envelope(1, np.zeros((3, 2, 4), np.uint8), payload=cpu_ref(64, 24)),
         _proc,
+        encoded_envelope(3, PNG, frame=2),
+        raw_envelope(4, _qwen_img, frame=3, spec=FAMILIES["qwen2.5-vl"](4, 6)),
     ],
-    [_img.tobytes(), bytes(_proc.tensor.nbytes)],
+    [_img.tobytes(), bytes(_proc.tensor.nbytes), PNG, _qwen_img.tobytes()],
 )
 VALID_HEADER: bytes = VALID[0]
 FUZZ = settings(
@@ -96,10 +104,38 @@ def test_random_bytes(header: bytes, rest: list[bytes]) -> None:
 
 
 def test_the_valid_batch_materialises() -> None:
-    """The fuzz's seed batch is accepted whole, so the mutations start from a working case."""
+    """The fuzz's seed batch is accepted whole, so the mutations start from a working case:
+    Kimi's raw and encoded items in one batch, Qwen's in another (their rows differ)."""
     batch = _Owner.get().decode(VALID)
-    out = MATERIALIZER.materialize(batch, IndexMap(0, [g for g in batch.envelopes.indices()][:1]))
-    assert out.pixel_values.shape[0] == batch.envelopes.values()[0].grid.patches
+    envs = batch.envelopes.values()
+    kimi = IndexMap(0, [envs[0].index, envs[3].index])
+    out = MATERIALIZER.materialize(batch, kimi)
+    assert out.pixel_values.shape[0] == envs[0].grid.patches + envs[3].grid.patches
+    qwen = MATERIALIZER.materialize(batch, IndexMap(0, [envs[4].index]))
+    assert qwen.pixel_values.shape == (envs[4].grid.patches, 1176)
+
+
+@FUZZ
+@given(st.data())
+def test_mutated_encoded_bytes(data: st.DataObject) -> None:
+    """An encoded item's bytes flipped, cut or overwritten under its honest envelope."""
+    buf = bytearray(PNG)
+    for _ in range(data.draw(st.integers(1, 6))):
+        pos = data.draw(st.integers(0, len(buf) - 1))
+        op = data.draw(st.sampled_from(["flip", "set", "cut"]))
+        if op == "flip":
+            buf[pos] ^= 1 << data.draw(st.integers(0, 7))
+        elif op == "set":
+            buf[pos] = data.draw(st.integers(0, 255))
+        elif pos > 0:
+            del buf[pos:]
+    forged = msgspec.structs.replace(
+        encoded_envelope(0, PNG, frame=0),
+        tensor=msgspec.structs.replace(
+            encoded_envelope(0, PNG, frame=0).tensor, shape=(len(buf),), nbytes=len(buf)
+        ),
+    )
+    _decode(encode_batch([forged], [bytes(buf)]))
 
 
 @FUZZ
