@@ -15,24 +15,20 @@ from mmwire.transport import (
     pixels_into,
 )
 
-__all__ = ["decode_encoded"]
+__all__ = ["check_encoded", "decode_encoded"]
 
 
-def decode_encoded(
+def check_encoded(
     data: np.ndarray[Any, Any],
     encoding: EncodedImage,
     alpha: AlphaRule,
-    out: np.ndarray[Any, Any],
     where: str,
     *,
     max_pixels: int,
-) -> None:
-    """Decode an encoded item's bytes into ``out`` (``(H, W, C)`` of its ``encoding``).
-
-    The bytes' own header must say what the envelope says (container, size, channels under
-    the item's alpha rule), else ``GridMismatch``; bytes that do not decode, or decode to
-    other pixels than their header promised, are a ``MaterializeError`` naming the item.
-    """
+) -> memoryview:
+    """An encoded item's bytes, after checking that their own header says what the envelope
+    says (container, size, channels under the item's alpha rule): ``GridMismatch`` if not.
+    Reads the header only, so nothing is allocated for a lie."""
     raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8).data
     try:
         header = encoded_image(raw, max_pixels=max_pixels, alpha=alpha)
@@ -43,6 +39,15 @@ def decode_encoded(
             f"encoded {where}: its bytes hold {_describe(header)}, its envelope declared "
             f"{_describe(encoding)}"
         )
+    return raw
+
+
+def decode_encoded(
+    raw: memoryview, alpha: AlphaRule, out: np.ndarray[Any, Any], where: str, *, max_pixels: int
+) -> None:
+    """Decode checked bytes (:func:`check_encoded`) into ``out`` (``(H, W, C)`` of their
+    encoding); bytes that do not decode, or decode to other pixels than their header
+    promised, are a ``MaterializeError`` naming the item."""
     try:
         pixels_into(raw, out, max_pixels=max_pixels, alpha=alpha)
     except MaterializeError as e:

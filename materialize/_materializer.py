@@ -25,7 +25,7 @@ from mmwire.transport import (
 )
 
 from ._backend import resolve_backend
-from ._decode import decode_encoded
+from ._decode import check_encoded, decode_encoded
 from ._families import ModelSpec
 from ._pipeline import produce
 from ._plan import expected_plan
@@ -83,6 +83,8 @@ class Materializer:
         max_output_bytes: ceiling on one batch's ``pixel_values``, checked before anything
             is allocated (default 4 GiB).
         decode_threads: threads that decode a batch's encoded items in parallel.
+        max_decoded_bytes: ceiling on the pixels one batch's encoded items decode to (each
+            header is read and checked against its envelope first; default 4 GiB).
         models: the families this rank serves (``spec_for(...)`` results): on ``"cuda"``
             their kernels compile here, up front, rather than at their first batch
             (Kimi-K2.5's always do).
@@ -109,6 +111,7 @@ class Materializer:
         max_output_bytes: int = 4 << 30,
         models: Sequence[ModelSpec] = (),
         decode_threads: int = 4,
+        max_decoded_bytes: int = 4 << 30,
     ) -> None:
         self.rank = rank
         self.device = torch.device(device)
@@ -116,6 +119,7 @@ class Materializer:
         self.max_pixels = max_pixels
         self.max_output_bytes = max_output_bytes
         self.decode_threads = decode_threads
+        self.max_decoded_bytes = max_decoded_bytes
         self._decode_pool: ThreadPoolExecutor | None = None
         self.backend: Literal["cpu", "cuda"] = resolve_backend(backend, self.device)
         if self.backend == "cuda":
@@ -278,11 +282,30 @@ class Materializer:
         self, batch: PayloadSource, items: list[_RawItem], pinned: bool
     ) -> list[np.ndarray[Any, Any] | None]:
         """The encoded items' pixels (``None`` for raw ones), decoded in parallel: into one
-        pinned host buffer where ``pinned`` (the CUDA path uploads from it)."""
+        pinned host buffer where ``pinned`` (the CUDA path uploads from it). Every header is
+        checked against its envelope, and the total against ``max_decoded_bytes``, before
+        anything is allocated."""
+        checked = [
+            None
+            if item.encoding is None
+            else check_encoded(
+                batch.open(item.index),
+                item.encoding,
+                item.spec.alpha,
+                item.where,
+                max_pixels=self.max_pixels,
+            )
+            for item in items
+        ]
         shapes = [item.shape for item in items]
         total = sum(math.prod(s) for s in shapes if s is not None)
         if total == 0:
             return [None] * len(items)
+        if total > self.max_decoded_bytes:
+            raise MaterializeError(
+                f"rank {self.rank}'s encoded items of this batch decode to {total} bytes, over "
+                f"`max_decoded_bytes` {self.max_decoded_bytes}"
+            )
         buffer = torch.empty(total, dtype=torch.uint8, pin_memory=pinned).numpy()
         outs: list[np.ndarray[Any, Any] | None] = []
         at = 0
@@ -293,17 +316,14 @@ class Materializer:
             outs.append(buffer[at : at + math.prod(shape)].reshape(shape))
             at += math.prod(shape)
         jobs = [
-            (item, item.encoding, out)
-            for item, out in zip(items, outs)
-            if out is not None and item.encoding is not None
+            (item, raw, out)
+            for item, raw, out in zip(items, checked, outs)
+            if raw is not None and out is not None
         ]
 
-        def decode(job: tuple[_RawItem, EncodedImage, np.ndarray[Any, Any]]) -> None:
-            item, encoding, out = job
-            pixels = batch.open(item.index)
-            decode_encoded(
-                pixels, encoding, item.spec.alpha, out, item.where, max_pixels=self.max_pixels
-            )
+        def decode(job: tuple[_RawItem, memoryview, np.ndarray[Any, Any]]) -> None:
+            item, raw, out = job
+            decode_encoded(raw, item.spec.alpha, out, item.where, max_pixels=self.max_pixels)
 
         if len(jobs) > 1:
             list(self._decoders().map(decode, jobs))

@@ -292,3 +292,29 @@ def test_the_deferral_gate_counts_encoded_bytes_as_shipped() -> None:
     assert not should_defer([photo], **gate)
     assert not should_defer([np.asarray(photo).transpose(2, 0, 1).copy()], **gate)
     assert not should_defer([b"not an image"], **gate)
+
+
+def test_the_owner_checks_headers_and_the_decoded_total_before_allocating() -> None:
+    import msgspec
+    from helpers import encoded_envelope
+    from test_materialize import _Frames
+
+    png = SAMPLES["png-rgb"]()  # 123x77
+    honest = encoded_envelope(0, png, frame=0, spec=K3(123, 77))
+    # an envelope that claims 13,000 x 13,000 (0.68 GB of pixels) for the same small bytes:
+    # refused from the header, before any buffer for the claim exists
+    spec = K3(13_000, 13_000)
+    liar = msgspec.structs.replace(
+        honest,
+        grid=spec.plan.grid,
+        preprocess=spec,
+        encoding=EncodedImage(format="PNG", width=13_000, height=13_000, channels=3),
+    )
+    m = IndexMap(0, [liar.index])
+    with pytest.raises(GridMismatch, match="declared a 13000x13000 PNG"):
+        Materializer(0).materialize(_Frames([liar], [png]), m)
+    # honest headers past the batch's decode ceiling: refused, then served under a larger one
+    with pytest.raises(MaterializeError, match="max_decoded_bytes"):
+        Materializer(0, max_decoded_bytes=1000).materialize(_Frames([honest], [png]), m)
+    out = Materializer(0).materialize(_Frames([honest], [png]), m)
+    assert torch.equal(out.pixel_values, preprocess_images([png], K3)[0])
