@@ -318,3 +318,29 @@ def test_the_owner_checks_headers_and_the_decoded_total_before_allocating() -> N
         Materializer(0, max_decoded_bytes=1000).materialize(_Frames([honest], [png]), m)
     out = Materializer(0).materialize(_Frames([honest], [png]), m)
     assert torch.equal(out.pixel_values, preprocess_images([png], K3)[0])
+
+
+@pytest.mark.parametrize("name", list(SAMPLES))
+def test_decoding_into_the_arena_equals_pillows_own_conversion(name: str) -> None:
+    # the in-place path (one block, read through Pillow's Arrow export) against plain
+    # Image.open + convert + np.asarray, for each format and both alpha rules
+    data = SAMPLES[name]()
+    with Image.open(io.BytesIO(data)) as im:
+        im.load()
+        if "A" in im.getbands() or "transparency" in im.info:
+            rgba = np.asarray(im.convert("RGBA")).astype(np.float64)
+            a = rgba[..., 3:4] / 255
+            white = np.round(a * rgba[..., :3] + (1 - a) * 255).astype(np.uint8)
+        else:
+            white = np.asarray(im if im.mode == "L" else im.convert("RGB"))
+        keep_mode = (
+            "RGBA"
+            if im.mode != "RGB" and ("A" in im.getbands() or "transparency" in im.info)
+            else "L"
+            if im.mode == "L"
+            else "RGB"
+        )
+        keep = np.asarray(im if im.mode == keep_mode else im.convert(keep_mode))
+    for alpha, want in (("keep", keep), ("white", white)):
+        got = to_pixels(data, alpha=alpha)
+        assert np.array_equal(got, want.reshape(got.shape)), (name, alpha)
