@@ -2,8 +2,9 @@
 
 ``pixels.cu`` and the ``.cuh`` headers it includes hold the kernels: a Pillow-exact
 BICUBIC resize (Q22 integer weights from the host, a uint8 intermediate, premultiplied RGBA)
-fused with the background composite, zero pad, normalise and patchify, tile by tile in
-shared memory, for many images of different sizes per launch; on compute capability 8.0+
+fused with the background composite, zero pad, normalise and patchify (Kimi's rows, or
+Qwen-VL's by merge window: a module per ``OutputLayout``), tile by tile in shared memory,
+for many images of different sizes per launch; on compute capability 8.0+
 the resize passes of images resized on both axes run exactly on the int8 tensor cores.
 ``resize`` and ``preprocess`` are the entry points; the CUDA ``Materializer`` backend uses
 ``preprocess_packed`` on the images it uploads. What the kernels share with the host is set
