@@ -323,3 +323,21 @@ def hostile(endpoint: str, handover: str, seconds: float, seed: int, q: Any) -> 
     spy.close()
     ctx.term()
     q.put(("hostile-done", sent, forged))
+
+
+def produce_forever(name: str, q: Any) -> None:
+    """A producer in its own process: publishes ``{name}-{i}`` for rank 0 every 5 ms, each
+    holding a payload derived from ``i``, until it is killed."""
+    import numpy as np
+    from helpers import raw_spec
+    from mmwire.transport import Item, Producer
+
+    p = Producer(arena_size=8 << 20)
+    q.put(("address", name, p.endpoint, p.handover_path))
+    p.wait_for_consumers([0], 30)
+    i = 0
+    while True:
+        pixels = np.frombuffer(pattern(i, 16 * 16 * 3), np.uint8).reshape(16, 16, 3)
+        p.publish(f"{name}-{i}", [Item(pixels, consumers=(0,), preprocess=raw_spec(16, 16))])
+        i += 1
+        time.sleep(0.005)

@@ -107,7 +107,9 @@ def test_four_ranks_read_their_items_byte_exact(rng: np.random.Generator) -> Non
             inbox.get("done")
         _settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
         st = p.statistics().arena
-        assert st.leases_outstanding == 0 and st.bytes_in_use == 0 and st.leases_total == 2
+        assert st.leases_outstanding == 0 and st.bytes_in_use == 0
+        # req-b's payloads were resident (req-a's lease): referenced again, not copied
+        assert st.leases_total == 1 and st.payloads_reused == 2
     finally:
         for k in kids:
             k.join(10)
@@ -167,16 +169,18 @@ def test_killed_producer_leaves_nothing_and_consumers_get_an_error() -> None:
 def test_tiny_arena_back_pressure_then_arena_full(pair: tuple[Producer, Consumer]) -> None:
     p, c = pair
     p.full_timeout = 0.3
-    img = np.zeros((700, 700, 3), np.uint8)  # ~1.4 MiB: two fit in a 4 MiB arena
-    p.publish("a", [_raw_item(img, (0,))])
+    # ~1.4 MiB each: two fit in a 4 MiB arena (distinct, so none is reused by digest)
+    imgs = [np.full((700, 700, 3), k, np.uint8) for k in range(3)]
+    img = imgs[1]
+    p.publish("a", [_raw_item(imgs[0], (0,))])
     p.publish("b", [_raw_item(img, (0,))])
     with pytest.raises(ArenaFull, match=r"needs \d+ bytes; arena has \d+ of \d+ bytes free"):
-        p.publish("c", [_raw_item(img, (0,))])
+        p.publish("c", [_raw_item(imgs[2], (0,))])
     a = c.recv(5)
     b = c.recv(5)
     assert np.array_equal(b.open(GlobalIndex(0)), img)
     a.release()  # back-pressure resolves once a lease comes back
-    p.publish("c", [_raw_item(img, (0,))])
+    p.publish("c", [_raw_item(imgs[2], (0,))])
     cc = c.recv(5)
     assert cc.envelopes[GlobalIndex(0)].request_id == "c"
     b.release()
@@ -189,7 +193,7 @@ def test_inline_fallback_when_full(pair: tuple[Producer, Consumer]) -> None:
     p, c = pair
     p.on_full, p.full_timeout = "inline", 0.1
     img = np.arange(900 * 900 * 3, dtype=np.uint64).astype(np.uint8).reshape(900, 900, 3)
-    p.publish("a", [_raw_item(img, (0,))])
+    p.publish("a", [_raw_item(img[::-1].copy(), (0,))])  # another payload: not reused
     with pytest.warns(RuntimeWarning, match="arena full"):
         envs = p.publish("b", [_raw_item(img, (0,))])
     assert isinstance(envs[0].payload, InlineRef)
@@ -238,10 +242,12 @@ def test_stale_forged_and_foreign_references(pair: tuple[Producer, Consumer]) ->
     with pytest.raises(ClosedResourceError):
         batch.open(GlobalIndex(0))
     _settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
-    p.publish("r2", [_raw_item(np.zeros((5, 5, 3), np.uint8), (0,))])  # reuses the range
+    # a released lease stays resident for reuse by digest until its room is needed
+    assert np.array_equal(c.decode(encode_batch([env])).open(GlobalIndex(0)), img)
+    room = p.arena.allocate([p.arena.capacity - 4096], set(), 1.0)  # all of it: evicts it
     with pytest.raises(StaleReference):
         c.decode(encode_batch([env])).open(GlobalIndex(0))
-    c.recv(5).release()
+    p.arena.release_all(room.start, room.generation)
 
 
 def test_non_owner_cannot_open(pair: tuple[Producer, Consumer]) -> None:

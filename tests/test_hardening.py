@@ -563,9 +563,9 @@ def test_releases_are_served_without_poll_and_release_never_blocks() -> None:
     c = Consumer(0, p.endpoint, handover=p.handover_path, max_backlog=n + 10)
     try:
         p.wait_for_consumers([0], 10)
-        img = np.zeros((4, 4, 3), np.uint8)
         for i in range(n):
-            p.publish(str(i), [_item(img)])
+            distinct = np.frombuffer(i.to_bytes(48, "little"), np.uint8).reshape(4, 4, 3)
+            p.publish(str(i), [_item(distinct)])  # distinct: none is reused by digest
         assert p.statistics().arena.leases_outstanding == n
         finished = threading.Event()
 

@@ -6,7 +6,8 @@ their tables), ``_schema`` (the envelope Structs), ``_codec`` (frames <-> envelo
 reading Pillow's memory in place), ``_items``
 (what ``publish`` accepts), ``_arena``/``_handover``/``_control`` (the arena, its handover and
 the table of joined consumers), ``_producer``/``_consumer`` (the two ends; the GPU backends
-are options of the one producer), ``_cuda``/``_device_pool``/``_gpu`` (the GPU backends'
+are options of the one producer), ``_group`` (one rank's consumers of several producers),
+``_aio`` (the asyncio ends), ``_cuda``/``_device_pool``/``_gpu`` (the GPU backends'
 pools behind the same API), ``_select`` (what ``device_pool="auto"`` picks). Every public
 name is re-exported here exactly once. ``CpuProducer`` and ``CpuConsumer`` are deprecated
 names of ``Producer`` and ``Consumer``.
@@ -15,6 +16,8 @@ names of ``Producer`` and ``Consumer``.
 import warnings
 from typing import Any
 
+from ._aio import AsyncConsumer as AsyncConsumer
+from ._aio import AsyncProducer as AsyncProducer
 from ._arena import ArenaStatistics as ArenaStatistics
 from ._codec import BatchDecoder as BatchDecoder
 from ._codec import DecodedBatch as DecodedBatch
@@ -49,6 +52,8 @@ from ._errors import StaleReference as StaleReference
 from ._errors import TransportError as TransportError
 from ._errors import UnknownDtype as UnknownDtype
 from ._gpu import DevicePoolStatistics as DevicePoolStatistics
+from ._group import ConsumerGroup as ConsumerGroup
+from ._group import ProducerAddress as ProducerAddress
 from ._index import GlobalIndex as GlobalIndex
 from ._index import GlobalTable as GlobalTable
 from ._index import IndexMap as IndexMap
@@ -94,6 +99,8 @@ __all__ = [
     "AlphaRule",
     "ArenaFull",
     "ArenaStatistics",
+    "AsyncConsumer",
+    "AsyncProducer",
     "BackendChoice",
     "BackendUnavailable",
     "Background",
@@ -103,6 +110,7 @@ __all__ = [
     "ClosedResourceError",
     "ConfigurationError",
     "Consumer",
+    "ConsumerGroup",
     "ConsumerStatistics",
     "CpuRef",
     "CudaIpcRef",
@@ -139,6 +147,7 @@ __all__ = [
     "PreprocessSpec",
     "Processor",
     "Producer",
+    "ProducerAddress",
     "ProducerStatistics",
     "ReceivedBatch",
     "ResizePlan",

@@ -23,22 +23,30 @@ All integers little-endian. Offsets in the layout table and in ``CpuRef`` are ab
 
 States
 ------
-A lease range is *free* (on the free list, header generation 0) or *live* (allocated,
-header generation g > 0, with a set of pending holders: the consumer members that must
-release it).
+A lease range is *free* (on the free list, header generation 0), *live* (allocated,
+header generation g > 0, with a count of pending references per holder: the consumer
+members that must release it, once per batch that named it), or *retained* (no holder
+left, kept with its generation because its payloads have digests another request may
+name again).
 
 Transitions
 -----------
 * ``allocate``: free -> live. The producer writes the payloads, then the layout table,
   then the generation (``# ORDER`` at the store).
-* ``release(holder)``: removes ``holder`` from the pending set; when it empties the header
-  generation is zeroed and the range goes back on the free list (coalesced).
+* ``release(holder)``: takes one of ``holder``'s references; when none is left the lease
+  is retained if it has digests and the arena retains, else freed: the header generation
+  is zeroed and the range goes back on the free list (coalesced).
+* ``claim(digest, holders)``: a live or retained lease holding that payload gains a
+  reference per holder (retained -> live).
+* allocation that finds no free range evicts retained leases, least recently used first
+  (retained -> free), before it waits.
 * a consumer member's end (death, eviction, replacement): ``release`` for every live lease
   that still waits on that member, never on another member of the same rank.
 
 Invariants
 ----------
-* Live leases never overlap; every range lies inside ``[4096, size)``.
+* Live and retained leases never overlap; every range lies inside ``[4096, size)``.
+* A digest names at most one slot, of a live or retained lease; eviction forgets it.
 * Generations only grow, so a reference whose generation differs from its lease's header
   is stale and is refused (``StaleReference``); an open never returns another lease's bytes.
 * The producer is the only writer; consumers get a read-only descriptor of a sealed memfd.
@@ -60,6 +68,7 @@ exists. Consumers receive a separate read-only descriptor (:attr:`Arena.readonly
 
 from __future__ import annotations
 
+import collections
 import fcntl
 import mmap
 import os
@@ -67,8 +76,8 @@ import secrets
 import struct
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
 from ._errors import ArenaFull, ClosedResourceError
 
@@ -116,33 +125,46 @@ class ArenaStatistics:
     """Live leases still waiting for at least one consumer's release."""
     leases_total: int
     """Leases allocated since creation."""
+    bytes_retained: int = 0
+    """Bytes of released leases kept for their digests (reused, or evicted when room is
+    needed)."""
+    leases_retained: int = 0
+    """Released leases kept for their digests."""
+    payloads_reused: int = 0
+    """Payloads referenced again by digest instead of being copied."""
+    bytes_reused: int = 0
+    """Payload bytes not copied because they were reused."""
 
 
 @dataclass
 class Lease:
     """One request's allocation: ``[start, start+length)`` and the item slots inside it.
 
-    ``pending`` holds the consumer members that still have to release it; ``tag`` names
-    the request in log lines; ``since`` is the ``time.monotonic()`` of its allocation.
+    ``pending`` counts, per consumer member, the batches naming it that are not yet
+    released; ``tag`` names the request in log lines; ``since`` is the
+    ``time.monotonic()`` of its allocation or latest reuse; ``digests`` maps the digests
+    of its payloads to their slots.
     """
 
     start: int
     length: int
     generation: int
     slots: list[tuple[int, int]]
-    pending: set[int]
+    pending: collections.Counter[int]
     tag: str = ""
     since: float = 0.0
+    digests: dict[str, int] = field(default_factory=dict)
 
 
 class Arena:
     """Producer side of the arena: owns the memfd, the writable mapping and the allocator.
 
     Not thread-safe for writes; the allocator itself is guarded by a lock so releases can
-    come from the handover thread.
+    come from the handover thread. ``retain``: keep released leases that have digests
+    until their room is needed.
     """
 
-    def __init__(self, size: int = 1 << 30, *, prefault: bool = True) -> None:
+    def __init__(self, size: int = 1 << 30, *, prefault: bool = True, retain: bool = True) -> None:
         if size < ARENA_HEADER + PAGE:
             raise ValueError(
                 f"`arena_size` must be at least {ARENA_HEADER + PAGE} bytes, got {size}"
@@ -178,6 +200,12 @@ class Arena:
         self._lock = threading.Condition()
         self._free: list[tuple[int, int]] = [(ARENA_HEADER, size - ARENA_HEADER)]
         self._live: dict[int, Lease] = {}
+        self.retain = retain
+        self._retained: collections.OrderedDict[int, Lease] = collections.OrderedDict()
+        self._by_digest: dict[str, tuple[int, int]] = {}
+        self._retained_bytes = 0
+        self._reused = 0
+        self._reused_bytes = 0
         self._generation = 0
         self._in_use = 0
         self._peak = 0
@@ -197,28 +225,81 @@ class Arena:
         with self._lock:
             if self.closed:
                 raise ClosedResourceError("the arena was closed")
-            for i, (start, length) in enumerate(self._free):
-                if length >= need:
-                    if length == need:
-                        del self._free[i]
-                    else:
-                        self._free[i] = (start + need, length - need)
-                    self._generation += 1
-                    lease = Lease(
-                        start,
-                        need,
-                        self._generation,
-                        self._layout(start, item_sizes),
-                        set(holders),
-                        tag,
-                        time.monotonic(),
-                    )
-                    self._live[start] = lease
-                    self._in_use += need
-                    self._peak = max(self._peak, self._in_use)
-                    self._total += 1
+            while True:
+                lease = self._first_fit(need, item_sizes, holders, tag)
+                if lease is not None or not self._retained:
                     return lease
+                _, oldest = self._retained.popitem(last=False)
+                self._retained_bytes -= oldest.length
+                self._forget(oldest)
+                self._to_free_list(oldest)
+
+    def _first_fit(
+        self, need: int, item_sizes: list[int], holders: set[int], tag: str
+    ) -> Lease | None:
+        for i, (start, length) in enumerate(self._free):
+            if length >= need:
+                if length == need:
+                    del self._free[i]
+                else:
+                    self._free[i] = (start + need, length - need)
+                self._generation += 1
+                lease = Lease(
+                    start,
+                    need,
+                    self._generation,
+                    self._layout(start, item_sizes),
+                    collections.Counter(holders),
+                    tag,
+                    time.monotonic(),
+                )
+                self._live[start] = lease
+                self._in_use += need
+                self._peak = max(self._peak, self._in_use)
+                self._total += 1
+                return lease
         return None
+
+    # -- reuse by digest --------------------------------------------------------------
+
+    def index(self, lease: Lease, digests: dict[str, int]) -> None:
+        """Record the digests of a published lease's payloads (digest -> slot number); a
+        digest already recorded keeps its first slot."""
+        with self._lock:
+            if self._live.get(lease.start) is not lease:
+                return
+            for digest, k in digests.items():
+                if digest not in self._by_digest:
+                    self._by_digest[digest] = (lease.start, k)
+                    lease.digests[digest] = k
+
+    def locate(self, digest: str) -> int | None:
+        """The start of the live or retained lease holding a payload with this digest."""
+        with self._lock:
+            where = self._by_digest.get(digest)
+            return None if where is None else where[0]
+
+    def claim(self, digest: str, holders: Iterable[int]) -> tuple[Lease, int, int] | None:
+        """The lease, offset and length of a resident payload with this digest, after
+        giving each holder one more reference to its lease; ``None`` if none is resident."""
+        with self._lock:
+            where = self._by_digest.get(digest)
+            if where is None:
+                return None
+            start, k = where
+            lease = self._live.get(start)
+            if lease is None:
+                lease = self._retained.pop(start)
+                self._retained_bytes -= lease.length
+                self._live[start] = lease
+                self._in_use += lease.length
+                self._peak = max(self._peak, self._in_use)
+            lease.pending.update(holders)
+            lease.since = time.monotonic()
+            off, n = lease.slots[k]
+            self._reused += 1
+            self._reused_bytes += n
+            return lease, off, n
 
     def allocate(
         self,
@@ -283,7 +364,8 @@ class Arena:
     # -- release ----------------------------------------------------------------------
 
     def release(self, start: int, generation: int, holder: int) -> bool:
-        """Drop ``holder`` from a lease's pending set; frees the lease when none remain.
+        """Take one of ``holder``'s references to a lease; the lease is retained or freed
+        when none remain.
 
         Returns whether the release matched a live lease (stale, duplicate or foreign ones
         are ignored and change nothing).
@@ -292,19 +374,22 @@ class Arena:
             lease = self._live.get(start)
             if lease is None or lease.generation != generation or holder not in lease.pending:
                 return False
-            lease.pending.discard(holder)
+            lease.pending[holder] -= 1
+            if lease.pending[holder] <= 0:
+                del lease.pending[holder]
             if not lease.pending:
-                self._free_lease(lease)
+                self._unheld(lease)
             return True
 
     def release_holder(self, holder: int) -> int:
-        """Release everything ``holder`` still holds (its member ended); returns how many."""
+        """Release everything ``holder`` still holds (its member ended); returns how many
+        leases it held."""
         with self._lock:
             held = [lease for lease in self._live.values() if holder in lease.pending]
             for lease in held:
-                lease.pending.discard(holder)
+                del lease.pending[holder]
                 if not lease.pending:
-                    self._free_lease(lease)
+                    self._unheld(lease)
             return len(held)
 
     def release_all(self, start: int, generation: int) -> None:
@@ -321,12 +406,32 @@ class Arena:
         with self._lock:
             return [lease for lease in self._live.values() if lease.since < cutoff]
 
+    def _unheld(self, lease: Lease) -> None:
+        """A live lease that no holder references any more: retained or freed."""
+        if self.retain and lease.digests and not self.closed:
+            del self._live[lease.start]
+            self._in_use -= lease.length
+            self._retained[lease.start] = lease
+            self._retained_bytes += lease.length
+            self._lock.notify_all()
+        else:
+            self._free_lease(lease)
+
+    def _forget(self, lease: Lease) -> None:
+        for digest in lease.digests:
+            self._by_digest.pop(digest, None)
+        lease.digests.clear()
+
     def _free_lease(self, lease: Lease) -> None:
+        del self._live[lease.start]
+        self._in_use -= lease.length
+        self._forget(lease)
+        self._to_free_list(lease)
+
+    def _to_free_list(self, lease: Lease) -> None:
         # ORDER: zero the generation before the range can be reallocated, so a stale
         # reference fails its generation check instead of reading the next request's bytes.
         _LEASE_FMT.pack_into(self.view, lease.start, LEASE_MAGIC, 0, lease.length, 0, 0)
-        del self._live[lease.start]
-        self._in_use -= lease.length
         self._insert_free(lease.start, lease.length)
         self._lock.notify_all()
 
@@ -352,6 +457,10 @@ class Arena:
                 peak_bytes=self._peak,
                 leases_outstanding=len(self._live),
                 leases_total=self._total,
+                bytes_retained=self._retained_bytes,
+                leases_retained=len(self._retained),
+                payloads_reused=self._reused,
+                bytes_reused=self._reused_bytes,
             )
 
     def close(self) -> None:

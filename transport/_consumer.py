@@ -20,8 +20,12 @@ Invariants
   never maps pages of other items and never releases leases it does not consume.
 * An open checks arena id, lease header, range and generation against the mapping before
   returning a view, so a stale or forged reference never yields someone else's bytes.
-* ``release`` never blocks: a release the channel cannot take now is kept and sent with
-  the next call.
+* ``release`` never blocks and is safe from any thread: a release the channel cannot take
+  now (its queue is full, or another thread is using the socket) is kept and sent by the
+  next call that uses the socket. Every use of the zmq socket is under one lock; an
+  asyncio consumer hands other threads' releases to its event loop instead.
+* A lease referenced by several batches (a repeated payload) is held once per batch and
+  released once per batch.
 * No pickle anywhere; every received message goes through a typed decoder.
 
 Lifetime
@@ -32,6 +36,7 @@ be reused. The arena mapping lives until the consumer and its last view are gone
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
 import mmap
@@ -39,6 +44,7 @@ import os
 import secrets
 import select
 import socket
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -68,6 +74,16 @@ from ._views import _TORCH as _TORCH_DTYPES
 from ._views import numpy_view, torch_view
 
 __all__ = ["Consumer", "ConsumerStatistics", "ReceivedBatch"]
+
+# How long one wait holds the socket: a release from another thread waits at most this long.
+_SLICE_MS = 20
+
+
+def _in_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -161,13 +177,17 @@ class Consumer:
             self._sock.curve_publickey = keys.public
             self._sock.curve_secretkey = keys.secret
         self._sock.connect(endpoint)
+        self.endpoint = endpoint
         self._unsent: collections.deque[bytes] = collections.deque()
+        self._sock_lock = threading.Lock()
+        self._state_lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
         join = Join(rank=rank, shared=self._mapping is not None, member=member, replace=replace)
         self._sock.send(ENCODER.encode(join))
         self._batches = 0
         self._opened = 0
         self._opened_bytes = 0
-        self._held: set[tuple[int, int]] = set()
+        self._held: collections.Counter[tuple[int, int]] = collections.Counter()
         self.closed = False
 
     def producer_alive(self) -> bool:
@@ -194,15 +214,49 @@ class Consumer:
         receives the next batch.
         """
         self._check_open()
-        self._flush()
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            while not self._sock.poll(100, zmq.POLLIN):
-                if not self.producer_alive():
-                    raise PeerGone(self._gone_reason())
-                if deadline is not None and time.monotonic() > deadline:
-                    raise TimeoutError(f"rank {self.rank}: no batch within {timeout} s")
-            frames = self._sock.recv_multipart(copy=False)
+            batch = self._take(_SLICE_MS)
+            if batch is not None:
+                return batch
+            if not self.producer_alive():
+                raise PeerGone(self._gone_reason())
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"rank {self.rank}: no batch within {timeout} s")
+
+    def try_recv(self) -> ReceivedBatch | None:
+        """The next batch if one is waiting, else ``None``; never blocks.
+
+        For a scheduler loop that checks for work between steps. Raises like :meth:`recv`
+        (``PeerGone`` once nothing is queued and the producer is gone).
+        """
+        self._check_open()
+        batch = self._take(0)
+        if batch is None and not self.producer_alive():
+            raise PeerGone(self._gone_reason())
+        return batch
+
+    def fileno(self) -> int:
+        """A descriptor an engine's own poller (``select``, ``selectors``, ``zmq.Poller``)
+        can wait on for this consumer's batches.
+
+        It is zmq's edge-triggered ``ZMQ_FD``: readable means "call :meth:`try_recv`", and
+        it may stay quiet for batches that were already waiting. So call ``try_recv`` until
+        it returns ``None`` before each wait, and wait with a timeout.
+        """
+        self._check_open()
+        return int(self._sock.getsockopt(zmq.FD))
+
+    def _take(self, wait_ms: int) -> ReceivedBatch | None:
+        """One batch waiting within ``wait_ms``, or ``None`` (pings are skipped)."""
+        while True:
+            with self._sock_lock:
+                if self.closed:
+                    raise ClosedResourceError(f"Consumer rank {self.rank} was closed")
+                self._flush_locked()
+                if not self._sock.poll(wait_ms, zmq.POLLIN):
+                    return None
+                frames = self._sock.recv_multipart(copy=False)
             if len(frames) == 2 and frames[0].bytes == NOTICE:
                 reason = bytes(frames[1].bytes[:1024]).decode("utf-8", "replace")
                 if reason == "ping":  # the producer checking that this connection is up
@@ -231,7 +285,8 @@ class Consumer:
             (e.payload.lease, e.payload.generation) for e in mine if isinstance(e.payload, CpuRef)
         }
         device = [e for e in mine if isinstance(e.payload, (CudaIpcRef, FabricRef))]
-        self._held |= leases
+        with self._state_lock:
+            self._held.update(leases)
         return ReceivedBatch(self, batch.envelopes, batch.frames, leases, device)
 
     def _open_device(self, env: FeatureEnvelope, waited: set[int]) -> torch.Tensor:
@@ -302,14 +357,35 @@ class Consumer:
         return m.view, ref.offset
 
     def _release(self, leases: set[tuple[int, int]]) -> None:
-        for lease, gen in leases:
-            if (lease, gen) in self._held:
-                self._held.discard((lease, gen))
-                self._unsent.append(ENCODER.encode(Release(lease=lease, generation=gen)))
+        with self._state_lock:
+            for key in leases:
+                if self._held[key] > 0:
+                    self._held[key] -= 1
+                    if not self._held[key]:
+                        del self._held[key]
+                    lease, gen = key
+                    self._unsent.append(ENCODER.encode(Release(lease=lease, generation=gen)))
         self._flush()
 
     def _flush(self) -> None:
-        """Send the releases the channel takes now, without blocking; keep the rest."""
+        """Send the releases the channel takes now, from any thread, without blocking.
+
+        Under an event loop, a call from another thread is handed to the loop (the loop
+        thread owns the socket); otherwise it sends if no other thread is using the
+        socket, and else leaves the releases to that thread's next turn.
+        """
+        loop = self._loop
+        if loop is not None and not _in_loop(loop):
+            with contextlib.suppress(RuntimeError):  # the loop has closed
+                loop.call_soon_threadsafe(self._flush)
+            return
+        if self._sock_lock.acquire(blocking=False):
+            try:
+                self._flush_locked()
+            finally:
+                self._sock_lock.release()
+
+    def _flush_locked(self) -> None:
         while self._unsent and not self.closed:
             try:
                 self._sock.send(self._unsent[0], zmq.NOBLOCK)
@@ -341,7 +417,7 @@ class Consumer:
             batches=self._batches,
             items_opened=self._opened,
             bytes_opened=self._opened_bytes,
-            leases_held=len(self._held),
+            leases_held=sum(self._held.values()),
         )
 
     def _check_open(self) -> None:
@@ -355,9 +431,10 @@ class Consumer:
         """
         if self.closed:
             return
-        self._flush()
-        self.closed = True
-        self._sock.close(0)
+        with self._sock_lock:
+            self._flush_locked()
+            self.closed = True
+            self._sock.close(0)
         self._ctx.term()
         if self._handover_conn is not None:
             self._handover_conn.close()

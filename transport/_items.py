@@ -10,6 +10,7 @@ nothing and every error is an ``MmwireError``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ import numpy as np
 import torch
 
 from ._codec import BatchDecoder, encode_batch
+from ._digest import digest_of
 from ._errors import InvalidRequest, MalformedEnvelope, MmwireError
 from ._handover import MAX_RANKS
 from ._index import GlobalIndex
@@ -44,6 +46,7 @@ __all__ = [
     "MAX_REQUEST_ID",
     "Item",
     "PreparedItem",
+    "arena_digest",
     "check_request",
     "located",
     "prepare",
@@ -107,6 +110,14 @@ class PreparedItem:
     image: Any = None
     """A raw image (PIL image, encoded bytes, array) whose ``shape`` pixels ``write_into``
     decodes into the arena: one copy, not three."""
+    digest: str | None = None
+    """The payload's content digest, when it could be taken from the data as given (a PIL
+    image's is taken from its pixels once they are in the arena)."""
+
+    @property
+    def alpha(self) -> str:
+        """How the item's spec treats alpha (part of an image's digest)."""
+        return self.spec.alpha if self.spec is not None else "keep"
 
     @property
     def nbytes(self) -> int:
@@ -172,14 +183,52 @@ def check_request(request_id: object, items: object, max_items: int) -> Sequence
 
 
 def prepare(
-    request_id: str, index: int, item: Item, on_device: tuple[tuple[int, ...], str] | None
+    request_id: str,
+    index: int,
+    item: Item,
+    on_device: tuple[tuple[int, ...], str] | None,
+    *,
+    digests: bool = True,
 ) -> PreparedItem:
     """Turn one item's data into host bytes (unless ``on_device`` gives its pool placement's
-    shape and dtype) and resolve its spec."""
+    shape and dtype), resolve its spec and, with ``digests``, take its content digest."""
     where = f"item {index} of request {request_id!r}"
     if on_device is not None:
         shape, dtype = on_device
         return PreparedItem(item, None, dtype, shape, _spec(item, shape, where))
+    p = _prepare(where, item)
+    if digests:
+        p = dataclasses.replace(p, digest=_source_digest(p))
+    return p
+
+
+def _source_digest(p: PreparedItem) -> str | None:
+    """The digest of the data as given: encoded bytes, an array's elements; ``None`` for a
+    PIL image or a strided array (digested from the arena once written)."""
+    kind = "encoded" if p.encoding is not None else p.item.kind
+    if p.image is None:  # processed, embedding, or an encoded item's bytes
+        if p.array is None:
+            return None
+        if p.encoding is not None:
+            return digest_of(kind, "bytes", (p.array.size,), p.alpha, p.array)
+        return digest_of(kind, p.dtype, p.shape, "", p.array)
+    source = p.image
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return digest_of(kind, "bytes", (memoryview(source).nbytes,), p.alpha, source)
+    if isinstance(source, torch.Tensor) and not source.is_cuda and source.dtype != torch.bfloat16:
+        source = source.detach().numpy()
+    if isinstance(source, np.ndarray) and source.flags.c_contiguous and not source.dtype.hasobject:
+        return digest_of(kind, source.dtype.name, tuple(source.shape), p.alpha, source)
+    return None
+
+
+def arena_digest(p: PreparedItem, written: np.ndarray[Any, Any]) -> str:
+    """The digest of a raw image's pixels as written into the arena (uint8 ``shape``): equal
+    to that of the same pixels given as a C-contiguous uint8 array."""
+    return digest_of(p.item.kind, "uint8", p.shape, p.alpha, written)
+
+
+def _prepare(where: str, item: Item) -> PreparedItem:
     data = item.data
     if isinstance(data, torch.Tensor) and data.is_cuda:
         data = data.cpu()
@@ -207,8 +256,8 @@ def prepare(
         shape = located(where, lambda d: pixel_shape(d, alpha=alpha), data)
         return PreparedItem(item, None, "uint8", shape, spec, image=data)
     arr, dtype = located(where, lambda d: _as_array(d, where), data)
-    shape = tuple(int(d) for d in arr.shape)
-    return PreparedItem(item, arr, dtype, shape, _spec(item, shape, where))
+    dims = tuple(int(d) for d in arr.shape)
+    return PreparedItem(item, arr, dtype, dims, _spec(item, dims, where))
 
 
 def located(where: str, f: Callable[[Any], _T], data: Any) -> _T:
@@ -285,6 +334,7 @@ def envelope(
             payload=payload,
             consumers=tuple(item.consumers),
             preprocess=spec,
+            digest=prepared.digest,
             encoding=prepared.encoding,
         )
     except MmwireError:

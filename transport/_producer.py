@@ -72,8 +72,18 @@ from ._errors import (
     PeerGone,
 )
 from ._gpu import DevicePoolMode, DevicePoolStatistics, ProducerDevice
+from ._group import ProducerAddress
 from ._handover import HandoverServer, Hello, Offer, Refusal
-from ._items import Item, PreparedItem, check_request, envelope, located, prepare, validate
+from ._items import (
+    Item,
+    PreparedItem,
+    arena_digest,
+    check_request,
+    envelope,
+    located,
+    prepare,
+    validate,
+)
 from ._schema import CpuRef, CudaIpcRef, FabricRef, FeatureEnvelope, InlineRef
 from ._select import BackendChoice
 
@@ -146,6 +156,13 @@ class Producer:
         lease_timeout: seconds a consumer may hold a lease before it is declared hung and
             gone (``None``: never).
         join_timeout: seconds a process that received the arena has to join the channel.
+        digests: put each host payload's content digest in its envelope
+            (``FeatureEnvelope.digest``, XXH3-128: what an engine's prefix cache tells
+            images apart with).
+        reuse: keep released payloads resident in the arena, and point a request whose
+            payload is resident at it instead of copying it again (its lease is then
+            referenced by both requests); resident payloads are evicted, least recently
+            used first, when room is needed.
 
     One thread publishes; a control thread of the producer's own serves joins and releases.
     """
@@ -170,8 +187,12 @@ class Producer:
         slow_consumer_timeout: float = 30.0,
         lease_timeout: float | None = 300.0,
         join_timeout: float = 10.0,
+        digests: bool = True,
+        reuse: bool = True,
     ) -> None:
         self.closed = True  # until every resource below exists
+        if reuse and not digests:
+            raise ConfigurationError("`reuse` finds payloads by digest: it needs `digests=True`")
         self._decode_pool: ThreadPoolExecutor | None = None
         tcp = (endpoint or "").startswith("tcp://")
         if tcp and curve is None:
@@ -205,7 +226,9 @@ class Producer:
         )
         self._dir = tempfile.mkdtemp(prefix="mmwire-")
         os.chmod(self._dir, 0o700)
-        self.arena = Arena(arena_size, prefault=prefault)
+        self.arena = Arena(arena_size, prefault=prefault, retain=reuse)
+        self.digests = digests
+        self.reuse = reuse
         self.on_full = on_full
         self.full_timeout = full_timeout
         self.slow_consumer_timeout = slow_consumer_timeout
@@ -275,6 +298,11 @@ class Producer:
     def backend_choice(self) -> BackendChoice:
         """Which backend this producer's CUDA items use, and why."""
         return self._device.choice
+
+    @property
+    def address(self) -> ProducerAddress:
+        """What a consumer on this host passes to join (``ConsumerGroup``, ``AsyncConsumer``)."""
+        return ProducerAddress(self.endpoint, self.handover.path)
 
     @property
     def handover_path(self) -> str:
@@ -511,6 +539,7 @@ class Producer:
             )
         placed: dict[int, tuple[CudaIpcRef | FabricRef, tuple[int, ...], str]] = {}
         lease: Lease | None = None
+        holds = _Holds()
         try:
             for k, item in enumerate(items):
                 if all(members[r].shared for r in item.consumers):  # all on this host
@@ -518,16 +547,25 @@ class Producer:
                     if placement is not None:
                         placed[k] = placement
             prepared = [
-                prepare(request_id, k, item, placed[k][1:] if k in placed else None)
+                prepare(
+                    request_id,
+                    k,
+                    item,
+                    placed[k][1:] if k in placed else None,
+                    digests=self.digests,
+                )
                 for k, item in enumerate(items)
             ]
             envs = self._checked_envelopes(request_id, prepared, placed)
             host = [k for k in range(len(items)) if k not in placed]
-            if host:
-                holders = {members[r].id for k in host for r in items[k].consumers}
+            if self.reuse:
+                envs = self._reuse(prepared, envs, host, members, holds)
+            new = [k for k in host if k not in holds.reused]
+            if new:
+                holders = {members[r].id for k in new for r in items[k].consumers}
                 try:
                     lease = self.arena.allocate(
-                        [prepared[k].nbytes for k in host],
+                        [prepared[k].nbytes for k in new],
                         holders,
                         self.full_timeout,
                         drain=self.poll,
@@ -536,9 +574,15 @@ class Producer:
                 except ArenaFull:
                     if self.on_full != "inline" or placed:
                         raise
+                    self._undo(holds)
                     return self._publish_inline(request_id, prepared, envs)
-                envs = self._fill(lease, prepared, envs, host)
+                for h in holders:
+                    holds.add(h, lease.start, lease.generation)
+                envs = self._fill(lease, prepared, envs, new)
                 self.arena.publish(lease)
+                self.arena.index(
+                    lease, {envs[k].digest or "": n for n, k in enumerate(new) if envs[k].digest}
+                )
             with self._lock:
                 gone = [s for s in members.values() if s.gone and s.rank in owners]
                 if gone:
@@ -546,14 +590,58 @@ class Producer:
                         f"request {request_id!r}: {', '.join(map(str, gone))} went away "
                         "before it was sent"
                     )
-                missed = self._deliver(envs, lease)
+                missed = self._deliver(envs, holds.by_member)
         except BaseException:
             self._device.undo([ref for ref, _, _ in placed.values()])
+            self._undo(holds)
             if lease is not None:
                 self.arena.release_all(lease.start, lease.generation)
             raise
         _raise_if_lost(request_id, missed, owners)
         return envs
+
+    def _undo(self, holds: _Holds) -> None:
+        """Give back the references a failed publish added to resident leases."""
+        for holder, start, gen in holds.claimed:
+            self.arena.release(start, gen, holder)
+        holds.claimed.clear()
+
+    def _reuse(
+        self,
+        prepared: list[PreparedItem],
+        envs: list[FeatureEnvelope],
+        host: list[int],
+        members: dict[int, Member],
+        holds: _Holds,
+    ) -> list[FeatureEnvelope]:
+        """Point the items whose payloads are resident in the arena at them: each owner's
+        member gains one reference per lease (its consumer releases once per batch)."""
+        out = list(envs)
+        for k in host:
+            digest = prepared[k].digest
+            if digest is None:
+                continue
+            start = self.arena.locate(digest)
+            if start is None:
+                continue
+            holders = {members[r].id for r in prepared[k].item.consumers}
+            fresh = {h for h in holders if not holds.holds(h, start)}
+            got = self.arena.claim(digest, fresh)
+            if got is None:
+                continue
+            lease, off, n = got
+            for h in fresh:
+                holds.add(h, lease.start, lease.generation, claimed=True)
+            holds.reused.add(k)
+            ref = CpuRef(
+                arena_id=self.arena.id,
+                lease=lease.start,
+                offset=off,
+                length=n,
+                generation=lease.generation,
+            )
+            out[k] = msgspec.structs.replace(envs[k], payload=ref)
+        return out
 
     def _checked_envelopes(
         self,
@@ -615,11 +703,18 @@ class Producer:
                 length=n,
                 generation=lease.generation,
             )
-            out[k] = msgspec.structs.replace(envs[k], payload=ref)
+            digest = envs[k].digest
+            if digest is None and self.digests and prepared[k].image is not None:
+                written = np.frombuffer(self.arena.view, dtype=np.uint8, count=n, offset=off)
+                digest = arena_digest(prepared[k], written)
+            out[k] = msgspec.structs.replace(envs[k], payload=ref, digest=digest)
         return out
 
     def _deliver(
-        self, envs: list[FeatureEnvelope], lease: Lease | None, frames: list[Any] | None = None
+        self,
+        envs: list[FeatureEnvelope],
+        holds: dict[int, list[tuple[int, int]]],
+        frames: list[Any] | None = None,
     ) -> list[Member]:
         """Send a batch to every joined member, waiting for full queues; the members that
         did not get it (evicted, or gone while it waited).
@@ -631,7 +726,7 @@ class Producer:
         waiting: list[tuple[Member, list[Any], bool]] = []
         for s in list(self._members.joined()):
             frames, track = self._frames_for(s, envs, shared_frames)
-            if not self._try_send(s, frames, track, lease):
+            if not self._try_send(s, frames, track, holds):
                 waiting.append((s, frames, track))
         deadline = time.monotonic() + self.slow_consumer_timeout
         pause = 0.0005
@@ -641,7 +736,7 @@ class Producer:
             self._check_open()
             pause = min(pause * 2, 0.02)
             missed += [s for s, _, _ in waiting if s.gone]  # died while we waited
-            waiting = [w for w in waiting if not w[0].gone and not self._try_send(*w, lease)]
+            waiting = [w for w in waiting if not w[0].gone and not self._try_send(*w, holds)]
             if waiting and time.monotonic() > deadline:
                 for s, _, _ in waiting:
                     self._evict(
@@ -670,7 +765,9 @@ class Producer:
         slices = [self._arena_slice(envs[k]) for k in owned]
         return encode_batch(remote_envs, slices), True
 
-    def _try_send(self, s: Member, frames: list[Any], track: bool, lease: Lease | None) -> bool:
+    def _try_send(
+        self, s: Member, frames: list[Any], track: bool, holds: dict[int, list[tuple[int, int]]]
+    ) -> bool:
         """Queue a batch for a member; False if its queue is full (nothing was sent)."""
         ident = s.ident or b""  # joined members always have one
         try:
@@ -682,8 +779,9 @@ class Producer:
         except zmq.ZMQError as e:  # EHOSTUNREACH: its connection is gone
             self._members.end(s, f"its channel connection is gone ({e})")
             return True
-        if track and tracker is not None and lease is not None:
-            self._trackers.append((tracker, lease.start, lease.generation, s))
+        if track and tracker is not None:
+            for start, gen in holds.get(s.id, ()):
+                self._trackers.append((tracker, start, gen, s))
         return True
 
     def _arena_slice(self, env: FeatureEnvelope) -> memoryview:
@@ -707,7 +805,7 @@ class Producer:
         frames = encode_batch(inline, [p.host_bytes() for p in prepared])
         owners = {r for p in prepared for r in p.item.consumers}
         with self._lock:
-            evicted = self._deliver(inline, None, frames)
+            evicted = self._deliver(inline, {}, frames)
         self._inline_fallbacks += 1
         _raise_if_lost(request_id, evicted, owners)
         return inline
@@ -778,6 +876,26 @@ class Producer:
     def __del__(self) -> None:
         if not getattr(self, "closed", True):
             warnings.warn("unclosed Producer", ResourceWarning, stacklevel=1)
+
+
+class _Holds:
+    """The references one publish gives: per member, the leases it must release."""
+
+    def __init__(self) -> None:
+        self.by_member: dict[int, list[tuple[int, int]]] = {}
+        self.claimed: list[tuple[int, int, int]] = []
+        """(member, lease, generation) references added to resident leases (undone if
+        the publish fails)."""
+        self.reused: set[int] = set()
+        """Items pointed at resident payloads."""
+
+    def holds(self, member: int, start: int) -> bool:
+        return any(st == start for st, _ in self.by_member.get(member, ()))
+
+    def add(self, member: int, start: int, gen: int, *, claimed: bool = False) -> None:
+        self.by_member.setdefault(member, []).append((start, gen))
+        if claimed:
+            self.claimed.append((member, start, gen))
 
 
 def _raise_if_lost(request_id: str, missed: list[Member], owners: set[int]) -> None:

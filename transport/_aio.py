@@ -1,0 +1,170 @@
+"""asyncio ends: an async producer for frontends, async consumers for event-loop ranks.
+
+The consumer is built on ``zmq.asyncio``: its sockets are shadowed on the running loop and
+waited on with ``zmq.asyncio.Poller``, so ``await consumer.recv()`` never blocks the loop.
+The loop thread owns the sockets; a release from another thread (a batch handed to an
+executor) is passed to the loop, because zmq sockets must not be used from two threads.
+
+The producer keeps the sync producer's control thread, which serves joins and releases
+within 10 ms whatever the loop is doing, and runs each ``publish`` on one worker thread:
+a publish decodes, hashes and copies payloads (milliseconds for a large image), work that
+would stall every other request if it ran on the loop. One worker keeps the producer's
+"one thread publishes" rule, so each rank receives the requests in the order they were
+awaited. Back-pressure (a full arena, a full consumer queue) is awaited, not blocked on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Generator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, final
+
+import zmq
+import zmq.asyncio
+
+from ._consumer import ReceivedBatch
+from ._errors import ClosedResourceError, ConfigurationError
+from ._group import ConsumerGroup, ProducerAddress
+from ._items import Item
+from ._producer import Producer, ProducerStatistics
+from ._schema import FeatureEnvelope
+
+__all__ = ["AsyncConsumer", "AsyncProducer"]
+
+# The longest a wait lasts before the producers' liveness is checked again.
+_SLICE_MS = 100
+
+
+@final
+class AsyncConsumer:
+    """A rank's end on an event loop, of one producer or several.
+
+    Create it inside the running loop. ``await consumer.recv()`` gives the next batch;
+    ``async with consumer.recv() as batch:`` releases it on leaving the block.
+
+    Args:
+        rank: this consumer's rank.
+        producers: a producer's :class:`ProducerAddress` (``Producer.address``), or several.
+        **options: passed to each :class:`Consumer`.
+    """
+
+    def __init__(
+        self, rank: int, producers: ProducerAddress | Sequence[ProducerAddress], **options: Any
+    ) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            raise ConfigurationError(
+                "an AsyncConsumer must be created inside a running event loop"
+            ) from None
+        if isinstance(producers, ProducerAddress):
+            producers = [producers]
+        self.group = ConsumerGroup(rank, producers, **options)
+        self.rank = rank
+        self._poller = zmq.asyncio.Poller()
+        for m in self.group.members:
+            m._loop = loop
+            self._poller.register(zmq.asyncio.Socket.from_socket(m._sock), zmq.POLLIN)
+
+    def try_recv(self) -> ReceivedBatch | None:
+        """The next waiting batch, or ``None``; never waits (see ``ConsumerGroup``)."""
+        return self.group.try_recv()
+
+    def recv(self, timeout: float | None = None) -> _Receiving:
+        """The next batch of any producer: await it, or ``async with`` it.
+
+        Raises like :meth:`ConsumerGroup.try_recv`, and ``TimeoutError`` after ``timeout``.
+        """
+        return _Receiving(self._next(timeout))
+
+    async def _next(self, timeout: float | None) -> ReceivedBatch:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            batch = self.group.try_recv()
+            if batch is not None:
+                return batch
+            wait = _SLICE_MS
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"rank {self.rank}: no batch within {timeout} s")
+                wait = min(wait, max(1, int(left * 1000)))
+            await self._poller.poll(wait)
+
+    def close(self) -> None:
+        """Close every member (idempotent)."""
+        self.group.close()
+
+    async def __aenter__(self) -> AsyncConsumer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
+
+@final
+class _Receiving:
+    """``await`` it for a batch, or ``async with`` it to release the batch afterwards."""
+
+    def __init__(self, coro: Any) -> None:
+        self._coro = coro
+        self._batch: ReceivedBatch | None = None
+
+    def __await__(self) -> Generator[Any, None, ReceivedBatch]:
+        batch: ReceivedBatch = yield from self._coro.__await__()
+        return batch
+
+    async def __aenter__(self) -> ReceivedBatch:
+        self._batch = await self._coro
+        return self._batch
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._batch is not None:
+            self._batch.release()
+
+
+@final
+class AsyncProducer:
+    """A producer for an asyncio frontend: ``await publish(...)`` never blocks the loop.
+
+    Args: those of :class:`Producer`, which it creates and owns (``.producer``).
+    """
+
+    def __init__(self, endpoint: str | None = None, **options: Any) -> None:
+        self.producer = Producer(endpoint, **options)
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="mmwire-publish")
+
+    @property
+    def address(self) -> ProducerAddress:
+        """What consumers pass to join this producer."""
+        return self.producer.address
+
+    async def publish(self, request_id: str, items: Sequence[Item]) -> list[FeatureEnvelope]:
+        """:meth:`Producer.publish` on the producer's worker thread; raises what it raises."""
+        if self.producer.closed:
+            raise ClosedResourceError("this AsyncProducer was closed")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._worker, self.producer.publish, request_id, items)
+
+    async def wait_for_consumers(self, ranks: Sequence[int], timeout: float = 30.0) -> None:
+        """Until every rank in ``ranks`` has joined; ``TimeoutError`` otherwise."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.producer.wait_for_consumers, ranks, timeout)
+
+    def statistics(self) -> ProducerStatistics:
+        """The producer's statistics."""
+        return self.producer.statistics()
+
+    async def aclose(self) -> None:
+        """Wait for the publish in progress, then close the producer (idempotent)."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self._worker.shutdown, True)
+        self.producer.close()
+
+    async def __aenter__(self) -> AsyncProducer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
