@@ -4,7 +4,7 @@ General layout: ``_families`` (the model families and ``spec_for``), ``_plan`` (
 plans: Kimi's NaViT plan, Qwen-VL's ``smart_resize``), ``_grids`` (grid/token arithmetic),
 ``_placeholders``, ``_defer`` (the producer's gate), ``_assign`` (vision-DP owners),
 ``_pipeline`` (the exact CPU pixel pipeline), ``_decode`` (an encoded item's decode at the
-owner), ``_backend`` (CPU or CUDA),
+owner), ``_backend`` (CPU or CUDA), ``_cache`` (the owner's cache of outputs),
 ``_materializer`` (the owner rank's entry point). Pillow's BICUBIC tables and the normalise
 table live in ``mmwire.kernels.reference``, which the CUDA kernels share; they are
 re-exported here.
@@ -17,6 +17,7 @@ from mmwire.kernels.reference import resize_reference as resize_reference
 
 from ._assign import assign_owners as assign_owners
 from ._assign import owners_of as owners_of
+from ._cache import CacheStatistics as CacheStatistics
 from ._defer import should_defer as should_defer
 from ._families import FAMILIES as FAMILIES
 from ._families import ModelSpec as ModelSpec
@@ -41,6 +42,7 @@ from ._plan import smart_resize as smart_resize
 __all__ = [
     "FAMILIES",
     "K3_BACKGROUND",
+    "CacheStatistics",
     "Coefficients",
     "MaterializedBatch",
     "Materializer",
