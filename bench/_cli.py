@@ -58,6 +58,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     pl.add_argument("--requests", type=int, default=30, help="requests per (mode, rate) cell")
     pl.add_argument("--rates", default="0.5,1,2", help="multiples of eager's capacity")
     pl.add_argument("--device", default="cpu", help="cpu, or cuda for the CUDA materializer")
+    en = sub.add_parser("engine", help="reuse and the owner cache on a chat trace; async publish")
+    en.add_argument("--ranks", type=int, default=2)
+    en.add_argument("--conversations", type=int, default=6)
+    en.add_argument("--turns", type=int, default=4)
+    en.add_argument("--reps", type=int, default=300, help="publishes per async/sync cell")
     args = parser.parse_args(argv)
     if args.record:
         if not RECORD_DIR.is_dir():
@@ -100,6 +105,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.device,
             out_dir=args.out,
         )
+    elif command == "engine":
+        from ._engine import run_engine
+
+        run_engine(args.ranks, args.conversations, args.turns, args.reps, out_dir=args.out)
     elif command == "gpu-transport":
         from ._gpu_transport import run_gpu_transport
 

@@ -220,3 +220,27 @@ def pipeline_rank(
             if on_gpu:
                 torch.cuda.synchronize()
             _say(out, "done", rank, rid, time.perf_counter(), held)
+
+
+def engine_rank(rank: int, endpoint: str, handover: str, cache_bytes: int, report: str) -> None:
+    """A rank of ``mmwire-bench engine``: materialises its items (through its output cache
+    when ``cache_bytes``) and reports the time that took and the cache's hits."""
+    from mmwire.materialize import Materializer
+    from mmwire.transport import IndexMap
+
+    torch.set_num_threads(1)
+    with _mmwire_session(rank, endpoint, handover, report) as (out, consumer):
+        mat = Materializer(rank, cache_bytes=cache_bytes)
+        _say(out, "ready", rank, "", 0.0)
+        for rid, batch in _requests(consumer):
+            mine = IndexMap(rank, list(batch.owned))
+            if not len(mine):
+                _say(out, "done", rank, rid, time.perf_counter(), 0.0, 0)
+                continue
+            before = mat.cache_statistics()
+            t0 = time.perf_counter()
+            mat.materialize(batch, mine)
+            t1 = time.perf_counter()
+            after = mat.cache_statistics()
+            hits = after.hits - before.hits if after is not None and before is not None else 0
+            _say(out, "done", rank, rid, t1, t1 - t0, hits)

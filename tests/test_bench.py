@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from mmwire.bench._cli import main
+from mmwire.bench._engine import trace
 from mmwire.bench._transport import PEERS
 
 
@@ -94,6 +95,27 @@ def test_pipeline_runs_every_way_from_the_bytes_and_every_owner_reports(tmp_path
     assert by_mode["raw"]["payload_bytes"] < by_mode["eager"]["payload_bytes"]
     assert by_mode["encoded"]["payload_bytes"] * 5 < by_mode["raw"]["payload_bytes"]
     assert "vs raw" in (run / "table.txt").read_text()
+
+
+def test_engine_runs_the_trace_both_ways_and_the_async_overhead(tmp_path: Path) -> None:
+    args = ["--out", str(tmp_path / "r"), "engine", "--conversations", "2", "--turns", "3"]
+    assert main([*args, "--reps", "20"]) == 0
+    (run,) = (tmp_path / "r").iterdir()
+    data = json.loads((run / "results.json").read_text())
+    assert (data["requests"], data["images"], data["repeats"]) == (6, 12, 6)
+    off, on = data["trace"]
+    assert off["way"] == "no reuse" and on["way"] == "reuse + owner cache"
+    assert off["cache_hits"] == 0 and on["cache_hits"] == 6  # every repeat, once per turn
+    assert off["bytes_named"] == on["bytes_named"]  # the same requests, the same envelopes
+    requests = trace(2, 3)
+    assert off["bytes_copied"] == sum(len(b) for r in requests for b in r)
+    # only each conversation's new image was copied: its last turn holds them all once
+    assert on["bytes_copied"] == sum(len(b) for r in requests[-2:] for b in r)
+    assert {(r["payload"], r["mode"]) for r in data["overhead"]} == {
+        (p, m) for p in ("64 KiB", "4 MiB") for m in ("sync", "async")
+    }
+    assert all(len(r["seconds"]) == 20 for r in data["overhead"])
+    assert "async publish" in (run / "table.txt").read_text()
 
 
 def test_gpu_commands_refuse_cleanly_without_cuda(tmp_path: Path) -> None:
