@@ -20,6 +20,7 @@ from mmwire.transport import (
     GlobalIndex,
     Grid,
     IndexMap,
+    InvalidRequest,
     Item,
     Producer,
     encode_batch,
@@ -53,29 +54,64 @@ def test_digests_name_the_content_whatever_form_carried_it() -> None:
     jpeg = _jpeg((120, 80))
     arr = _pixels(1, 37, 53)
     pil = Image.fromarray(arr)
-    with Producer(arena_size=16 << 20) as p, Consumer(0, p.endpoint, handover=p.handover_path):
-        p.wait_for_consumers([0], 10)
-        envs = p.publish(
-            "r",
-            [
-                Item(jpeg, consumers=(0,), preprocess=KIMI),
-                Item(bytearray(jpeg), consumers=(0,), preprocess=KIMI),
-                Item(arr, consumers=(0,), preprocess=KIMI),
-                Item(pil, consumers=(0,), preprocess=KIMI),  # digested in the arena
-                Item(_pixels(2, 37, 53), consumers=(0,), preprocess=KIMI),
-                Item(jpeg, consumers=(0,), preprocess=KIMI, decode=True),
-                Item(torch.ones(4, 8), consumers=(0,), kind="embedding", grid=Grid((1, 2, 2))),
-            ],
-        )
-    d = [e.digest for e in envs]
-    assert all(x is not None and x.startswith("xxh3-128:") and len(x) == 41 for x in d)
+    embedding = torch.arange(32, dtype=torch.float32).reshape(4, 8)
+
+    def publish(p: Producer) -> list[str | None]:
+        with Consumer(0, p.endpoint, handover=p.handover_path):
+            p.wait_for_consumers([0], 10)
+            envs = p.publish(
+                "r",
+                [
+                    Item(jpeg, consumers=(0,), preprocess=KIMI),
+                    Item(bytearray(jpeg), consumers=(0,), preprocess=KIMI),
+                    Item(arr, consumers=(0,), preprocess=KIMI),
+                    Item(pil, consumers=(0,), preprocess=KIMI),  # digested in the arena
+                    Item(_pixels(2, 37, 53), consumers=(0,), preprocess=KIMI),
+                    Item(jpeg, consumers=(0,), preprocess=KIMI, decode=True),
+                    Item(embedding, consumers=(0,), kind="embedding", grid=Grid((1, 2, 2))),
+                    Item(
+                        embedding,
+                        consumers=(0,),
+                        kind="embedding",
+                        grid=Grid((1, 2, 2)),
+                        digest="mm:7",
+                    ),
+                ],
+            )
+            return [e.digest for e in envs]
+
+    with Producer(arena_size=16 << 20) as p:
+        d = publish(p)
+    images = d[:6]
+    assert all(x is not None and x.startswith("xxh3-128:") and len(x) == 41 for x in images)
     assert d[0] == d[1]  # the same bytes, as bytes or bytearray
     assert d[2] == d[3]  # pixels as an array or as the PIL image holding them
-    assert len({d[0], d[2], d[4], d[5], d[6]}) == 5  # other content, or shipped otherwise
-    with Producer(arena_size=1 << 20, digests=False, reuse=False) as p:
-        assert p.digests is False
-    with pytest.raises(ConfigurationError, match="needs `digests=True`"):
-        Producer(arena_size=1 << 20, digests=False)
+    assert len({d[0], d[2], d[4], d[5]}) == 4  # other content, or shipped otherwise
+    assert d[6] is None and d[7] == "mm:7"  # tensors: only with digests="all", or the caller's
+    with Producer(arena_size=16 << 20, digests="all") as p:
+        every = publish(p)
+    assert every[:6] == images and every[6] is not None and every[6].startswith("xxh3-128:")
+    with Producer(arena_size=16 << 20, digests="none") as p:
+        assert publish(p) == [None] * 7 + ["mm:7"]
+    with pytest.raises(ConfigurationError, match="`digests` must be"):
+        Producer(arena_size=1 << 20, digests="yes")  # type: ignore[arg-type]
+
+
+def test_an_engines_own_digest_is_reused_without_hashing() -> None:
+    a = torch.arange(64, dtype=torch.float32).reshape(8, 8)
+    with Producer(arena_size=16 << 20) as p, Consumer(0, p.endpoint, handover=p.handover_path) as c:
+        p.wait_for_consumers([0], 10)
+        item = Item(a, consumers=(0,), kind="embedding", grid=Grid((1, 2, 4)), digest="vllm:ab12")
+        first, second = p.publish("x", [item]), p.publish("y", [item])
+        assert first[0].payload == second[0].payload
+        assert p.statistics().arena.payloads_reused == 1
+        for _ in range(2):
+            with c.recv(10) as batch:
+                assert torch.equal(batch.open_tensor(GlobalIndex(0)), a)
+        with pytest.raises(InvalidRequest, match="`digest` must be"):
+            p.publish(
+                "z", [Item(a, consumers=(0,), kind="embedding", grid=Grid((1, 2, 4)), digest="")]
+            )
 
 
 def test_a_repeated_payload_is_referenced_not_copied_and_lives_while_any_batch_names_it() -> None:

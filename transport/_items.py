@@ -83,6 +83,9 @@ class Item:
             as a family's spec from ``mmwire.materialize.spec_for``).
         decode: decode a raw item's encoded bytes on the producer and ship pixels (for
             owners that should not decode).
+        digest: the payload's content digest, if the caller already has one (an engine's
+            own multimodal hash): the envelope carries it and the arena reuses the payload
+            by it, without hashing. Two payloads given one digest are taken to be equal.
     """
 
     data: Any
@@ -92,6 +95,7 @@ class Item:
     preprocess: PreprocessSpec | Callable[[int, int], PreprocessSpec] | None = None
     modality: Modality = "image"
     decode: bool = False
+    digest: str | None = None
 
 
 @dataclass(frozen=True)
@@ -188,16 +192,21 @@ def prepare(
     item: Item,
     on_device: tuple[tuple[int, ...], str] | None,
     *,
-    digests: bool = True,
+    digests: str = "images",
 ) -> PreparedItem:
     """Turn one item's data into host bytes (unless ``on_device`` gives its pool placement's
-    shape and dtype), resolve its spec and, with ``digests``, take its content digest."""
+    shape and dtype), resolve its spec and take its content digest (``digests``: ``"images"``,
+    ``"all"`` or ``"none"``; the item's own ``digest`` wins)."""
     where = f"item {index} of request {request_id!r}"
     if on_device is not None:
         shape, dtype = on_device
         return PreparedItem(item, None, dtype, shape, _spec(item, shape, where))
     p = _prepare(where, item)
-    if digests:
+    if item.digest is not None:
+        if type(item.digest) is not str or not 0 < len(item.digest) <= 128:
+            raise InvalidRequest(f"{where}: `digest` must be a str of 1 to 128 characters")
+        return dataclasses.replace(p, digest=item.digest)
+    if digests == "all" or (digests == "images" and item.kind in ("raw", "encoded")):
         p = dataclasses.replace(p, digest=_source_digest(p))
     return p
 
