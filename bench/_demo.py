@@ -28,7 +28,7 @@ from rich.table import Table
 
 from . import _workers
 from ._harness import Ranks
-from ._report import bar_plot, write_run
+from ._report import write_run
 from ._transport import PEERS, make_method
 
 __all__ = ["REQUESTS", "run_demo"]
@@ -117,13 +117,7 @@ def run_demo(
             ],
         },
         summary,
-        bar_plot(
-            [f"r{r['request']}" for r in rows],
-            {p: [statistics.median(runs) for runs in times[p]] for p in paths},
-            "ms until every owner holds pixel_values (median)",
-        ),
         out_dir=out_dir,
-        extra_tables=(per_request,),
     )
     console.print(f"results: {folder}")
     return folder

@@ -14,7 +14,7 @@ from PIL import Image
 from rich.console import Console
 from rich.table import Table
 
-from ._report import bar_plot, percentile, write_run
+from ._report import percentile, write_run
 
 DATA = Path(__file__).resolve().parent / "data"
 
@@ -113,14 +113,6 @@ def run_preprocess(
             ],
         },
         table,
-        bar_plot(
-            [f"{r['case']}\nlimit {r['in_patch_limit']}, {r['threads']}t" for r in rows],
-            {
-                "mmwire": [percentile(r["ours_s"], 50) * 1e3 for r in rows],
-                "reference way": [percentile(r["reference_s"], 50) * 1e3 for r in rows],
-            },
-            "ms p50 (fp32 output)",
-        ),
         out_dir=out_dir,
     )
     console.print(f"results written to {folder}")
