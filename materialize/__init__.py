@@ -15,6 +15,7 @@ from mmwire.kernels.reference import bicubic_coefficients as bicubic_coefficient
 from mmwire.kernels.reference import pass_order as pass_order
 from mmwire.kernels.reference import resize_reference as resize_reference
 
+from ._assign import OwnerAffinity as OwnerAffinity
 from ._assign import assign_owners as assign_owners
 from ._assign import owners_of as owners_of
 from ._cache import CacheStatistics as CacheStatistics
@@ -47,6 +48,7 @@ __all__ = [
     "MaterializedBatch",
     "Materializer",
     "ModelSpec",
+    "OwnerAffinity",
     "PayloadSource",
     "ProcessorConfig",
     "QwenVLConfig",

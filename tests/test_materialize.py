@@ -12,6 +12,7 @@ from conftest import photo_path
 from mmwire.materialize import (
     K3_BACKGROUND,
     Materializer,
+    OwnerAffinity,
     ProcessorConfig,
     assign_owners,
     bicubic_coefficients,
@@ -120,6 +121,26 @@ def test_assign_owners_reference_example_and_determinism() -> None:
         (GlobalIndex(0), GlobalIndex(2)),
         (GlobalIndex(1),),
     ]
+
+
+def test_preferred_owners_go_first_and_the_rest_balance_around_them() -> None:
+    maps = assign_owners([1000, 100, 200, 50], 2, preferred=[None, 0, None, 0])
+    # 1 and 3 where their cache is; then LPT: 1000 to the lighter rank, 200 to rank 0
+    assert maps[0].globals == (GlobalIndex(1), GlobalIndex(3), GlobalIndex(2))
+    assert maps[1].globals == (GlobalIndex(0),)
+    both = assign_owners([1000, 100, 200, 50], 2, preferred=[None, 0, None, 0])
+    assert [m.globals for m in both] == [m.globals for m in maps]
+    assert assign_owners([3, 4], 2, preferred=[None, None]) == assign_owners([3, 4], 2)
+    assert assign_owners([3, 4], 2, preferred=[7, -1]) == assign_owners([3, 4], 2)  # gone
+    with pytest.raises(ValueError, match="2 preferred ranks for 3 items"):
+        assign_owners([1, 2, 3], 2, preferred=[0, 1])
+    affinity = OwnerAffinity(capacity=2)
+    assert affinity.preferred(["a", "b"]) == [None, None]
+    affinity.remember(["a", "b"], [1, 0])
+    affinity.remember(["c"], [1])  # over capacity: "a" was the least recently used
+    assert affinity.preferred(["a", "b", "c"]) == [None, 0, 1]
+    affinity.forget_rank(1)
+    assert affinity.preferred(["b", "c"]) == [0, None]
 
 
 # ---------------------------------------------------------------- Pillow exactness
