@@ -15,10 +15,17 @@ import time
 from dataclasses import dataclass, field
 
 import msgspec
+import xxhash
 import zmq
 import zmq.asyncio
 from aiohttp import web
-from mmwire.materialize import ModelSpec, assign_owners, expand_placeholders, owners_of
+from mmwire.materialize import (
+    ModelSpec,
+    OwnerAffinity,
+    assign_owners,
+    expand_placeholders,
+    owners_of,
+)
 from mmwire.transport import AsyncProducer, Item, MmwireError, encoded_image
 from protocol import PLACEHOLDER_ID, BadRequest, Report, parse_chat, tokenize
 
@@ -51,6 +58,7 @@ class Frontend:
         self._ids = itertools.count()
         self._decoder = msgspec.msgpack.Decoder(Report)
         self._tasks: list[asyncio.Task[None]] = []
+        self._affinity = OwnerAffinity()  # resent images go back to the rank caching them
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 << 20)
@@ -145,8 +153,14 @@ class Frontend:
             live = sorted(self.producer.statistics().consumers)
             if not live:
                 raise MmwireError("no scheduler rank is alive")
-            maps = assign_owners(patches, len(live))
+            keys = [xxhash.xxh3_128_hexdigest(data) for data in images]
+            slot = {rank: k for k, rank in enumerate(live)}
+            preferred = [
+                slot.get(r) if r is not None else None for r in self._affinity.preferred(keys)
+            ]
+            maps = assign_owners(patches, len(live), preferred=preferred)
             owners = [(live[o[0]],) for o in owners_of(maps, len(images))]
+            self._affinity.remember(keys, [o[0] for o in owners])
             name = f"{request_id}/{attempt}"
             pending = _Pending({o[0] for o in owners})
             self._pending[name] = pending
@@ -188,6 +202,8 @@ class Frontend:
             for name, pending in list(self._pending.items()):
                 answered = {r.rank for r in pending.reports}
                 lost = pending.owners - answered - live
+                for rank in lost:
+                    self._affinity.forget_rank(rank)
                 if lost and not pending.done.done():
                     pending.done.set_exception(
                         MmwireError(f"{name}: ranks {sorted(lost)} went away")
