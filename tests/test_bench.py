@@ -104,7 +104,7 @@ def test_engine_runs_the_trace_both_ways_and_the_async_overhead(tmp_path: Path) 
     data = json.loads((run / "results.json").read_text())
     assert (data["requests"], data["images"], data["repeats"]) == (6, 12, 6)
     off, on = data["trace"]
-    assert off["way"] == "no reuse" and on["way"] == "reuse + owner cache"
+    assert off["way"] == "no reuse" and on["way"] == "reuse + cache"
     assert off["cache_hits"] == 0 and on["cache_hits"] == 6  # every repeat, once per turn
     assert off["bytes_named"] == on["bytes_named"]  # the same requests, the same envelopes
     requests = trace(2, 3)
@@ -115,7 +115,7 @@ def test_engine_runs_the_trace_both_ways_and_the_async_overhead(tmp_path: Path) 
         (p, m) for p in ("64 KiB", "4 MiB") for m in ("sync", "async")
     }
     assert all(len(r["seconds"]) == 20 for r in data["overhead"])
-    assert "async publish" in (run / "table.txt").read_text()
+    assert "async 64 KiB" in (run / "table.txt").read_text()
 
 
 def test_gpu_commands_refuse_cleanly_without_cuda(tmp_path: Path) -> None:
