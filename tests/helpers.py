@@ -1,7 +1,8 @@
-"""Builders shared by the tests: real envelopes over real payloads."""
+"""Builders shared by the tests: real envelopes over real payloads, and waiting on a producer."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -97,3 +98,11 @@ def processed_envelope(index: int, grid: tuple[int, ...], frame: int) -> Feature
 def cpu_ref(offset: int = 4096, length: int = 12) -> CpuRef:
     """A syntactically valid arena reference."""
     return CpuRef(arena_id="0" * 32, lease=0, offset=offset, length=length, generation=1)
+
+
+def settle(p: Any, cond: Any, timeout: float = 20) -> bool:
+    """Serve producer ``p``'s channel until ``cond()`` holds or ``timeout`` s pass; ``cond()``."""
+    deadline = time.monotonic() + timeout
+    while not cond() and time.monotonic() < deadline:
+        p.poll(0.05)
+    return bool(cond())

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import procs
 import pytest
-from helpers import raw_spec
+from helpers import raw_spec, settle
 from mmwire.transport import (
     AsyncConsumer,
     AsyncProducer,
@@ -39,13 +39,6 @@ def _item(pixels: np.ndarray[Any, Any], owners: tuple[int, ...] = (0,)) -> Item:
 def _distinct(i: int, shape: tuple[int, int, int] = (16, 16, 3)) -> np.ndarray[Any, Any]:
     n = shape[0] * shape[1] * shape[2]
     return np.resize(np.frombuffer(procs.pattern(i, 32), np.uint8), n).reshape(shape)
-
-
-def _settle(p: Producer, cond: Any, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond() and time.monotonic() < deadline:
-        p.poll(0.05)
-    assert cond()
 
 
 def test_the_loop_keeps_running_while_an_async_rank_waits_and_a_frontend_publishes() -> None:
@@ -78,8 +71,7 @@ def test_the_loop_keeps_running_while_an_async_rank_waits_and_a_frontend_publish
                     assert np.array_equal(batch.open(GlobalIndex(0)), big if i != 1 else big[::-1])
             stop.set()
             await tick
-            st = ap.statistics().arena
-            assert st.leases_outstanding == 0 or _released_soon(ap.producer)
+            assert settle(ap.producer, lambda: ap.statistics().arena.leases_outstanding == 0)
         return gaps, got
 
     gaps, got = asyncio.run(main())
@@ -88,11 +80,6 @@ def test_the_loop_keeps_running_while_an_async_rank_waits_and_a_frontend_publish
     # a blocked loop shows as one gap of the whole wait (0.5 s); scheduling noise on a
     # loaded machine stays far below it
     assert max(gaps) < 0.25, f"the loop stalled for {max(gaps):.3f} s"
-
-
-def _released_soon(p: Producer) -> bool:
-    _settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
-    return True
 
 
 def test_async_with_releases_and_a_release_from_an_executor_thread_reaches_the_producer() -> None:
@@ -163,7 +150,7 @@ def test_a_scheduler_loop_polls_without_blocking_and_sleeps_on_the_descriptor() 
                     seen.append(batch.envelopes[GlobalIndex(0)].request_id)
             select.select([fd], [], [], 0.05)
         assert seen == [f"r{i}" for i in range(50)]
-        _settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
+        assert settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
 
 
 def test_releases_from_many_threads_while_the_rank_keeps_receiving() -> None:
@@ -180,7 +167,7 @@ def test_releases_from_many_threads_while_the_rank_keeps_receiving() -> None:
                     assert np.array_equal(batch.open(GlobalIndex(0)), _distinct(i, (4, 4, 3)))
                     pool.submit(batch.release)  # ...while eight others release
             c.try_recv()  # sends whatever a busy socket left queued
-            _settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
+            assert settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
             assert c.statistics().leases_held == 0
             assert p.statistics().releases_ignored == 0
         finally:
@@ -231,7 +218,7 @@ def test_one_rank_fed_by_two_producers_survives_one_of_them_crashing() -> None:
         assert order["far"] == list(range(len(order["far"]))) and order["far"]
         assert len(gone) == 1 and "producer 1" in gone[0]
         assert group.producers_live == 1
-        _settle(local, lambda: local.statistics().arena.leases_outstanding == 0)
+        assert settle(local, lambda: local.statistics().arena.leases_outstanding == 0)
     finally:
         if kid.is_alive():
             kid.kill()

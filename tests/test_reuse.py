@@ -3,8 +3,9 @@ cache: real producers and consumers over real shared memory, outputs compared wi
 
 from __future__ import annotations
 
+import contextlib
 import io
-import time
+from collections.abc import Iterator
 from typing import Any
 
 import msgspec
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import photo_path
+from helpers import settle
 from mmwire.materialize import FAMILIES, Materializer, ProcessorConfig, preprocess_images
 from mmwire.transport import (
     ConfigurationError,
@@ -43,11 +45,18 @@ def _pixels(seed: int, h: int, w: int) -> np.ndarray[Any, Any]:
     return np.random.default_rng(seed).integers(0, 256, (h, w, 3), np.uint8)
 
 
-def _settle(p: Producer, cond: Any, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond() and time.monotonic() < deadline:
-        p.poll(0.05)
-    assert cond()
+@contextlib.contextmanager
+def _two_ranks() -> Iterator[tuple[Producer, Consumer, Consumer]]:
+    """A producer with ranks 0 and 1 joined, all closed afterwards."""
+    with Producer(arena_size=16 << 20) as p:
+        r0 = Consumer(0, p.endpoint, handover=p.handover_path)
+        r1 = Consumer(1, p.endpoint, handover=p.handover_path)
+        try:
+            p.wait_for_consumers([0, 1], 10)
+            yield p, r0, r1
+        finally:
+            r0.close()
+            r1.close()
 
 
 def test_digests_name_the_content_whatever_form_carried_it() -> None:
@@ -116,105 +125,84 @@ def test_an_engines_own_digest_is_reused_without_hashing() -> None:
 
 def test_a_repeated_payload_is_referenced_not_copied_and_lives_while_any_batch_names_it() -> None:
     a, b, c = _jpeg((301, 203)), _jpeg((160, 90)), _pixels(3, 40, 50)
-    with Producer(arena_size=16 << 20) as p:
-        r0 = Consumer(0, p.endpoint, handover=p.handover_path)
-        r1 = Consumer(1, p.endpoint, handover=p.handover_path)
-        try:
-            p.wait_for_consumers([0, 1], 10)
-            first = p.publish(
-                "req-a",
-                [
-                    Item(a, consumers=(0,), preprocess=KIMI),
-                    Item(b, consumers=(1,), preprocess=KIMI),
-                ],
-            )
-            # a later turn resends image a, now owned by rank 1, beside a new image
-            second = p.publish(
-                "req-b",
-                [
-                    Item(c, consumers=(0,), preprocess=KIMI),
-                    Item(a, consumers=(1,), preprocess=KIMI),
-                ],
-            )
-            ref_a, again = first[0].payload, second[1].payload
-            assert isinstance(ref_a, CpuRef) and isinstance(again, CpuRef)
-            assert (again.lease, again.offset, again.generation) == (
-                ref_a.lease,
-                ref_a.offset,
-                ref_a.generation,
-            )
-            st = p.statistics().arena
-            assert st.payloads_reused == 1 and st.bytes_reused == len(a) and st.leases_total == 2
-            a0, b0 = r0.recv(10), r0.recv(10)
-            a1, b1 = r1.recv(10), r1.recv(10)
-            assert bytes(a0.open(GlobalIndex(0))) == a
-            a0.release()  # rank 0 is done with req-a's lease; rank 1 still names it twice
-            a1.release()
-            _settle(p, lambda: p.statistics().arena.leases_outstanding == 2)
-            assert bytes(b1.open(GlobalIndex(1))) == a  # still there, generation unchanged
-            assert np.array_equal(b0.open(GlobalIndex(0)), c)
-            b0.release()
-            b1.release()
-            _settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
-            st = p.statistics().arena
-            assert st.bytes_in_use == 0 and st.leases_retained == 2 and st.bytes_retained > 0
-            assert p.statistics().releases_ignored == 0
-            # a third turn: a resident payload whose lease no one holds any more
-            third = p.publish("req-c", [Item(b, consumers=(0,), preprocess=KIMI)])
-            assert third[0].payload == first[1].payload
-            with r0.recv(10) as batch:
-                assert bytes(batch.open(GlobalIndex(0))) == b
-        finally:
-            r0.close()
-            r1.close()
+    with _two_ranks() as (p, r0, r1):
+        first = p.publish(
+            "req-a",
+            [
+                Item(a, consumers=(0,), preprocess=KIMI),
+                Item(b, consumers=(1,), preprocess=KIMI),
+            ],
+        )
+        # a later turn resends image a, now owned by rank 1, beside a new image
+        second = p.publish(
+            "req-b",
+            [
+                Item(c, consumers=(0,), preprocess=KIMI),
+                Item(a, consumers=(1,), preprocess=KIMI),
+            ],
+        )
+        ref_a, again = first[0].payload, second[1].payload
+        assert isinstance(ref_a, CpuRef) and isinstance(again, CpuRef)
+        assert (again.lease, again.offset, again.generation) == (
+            ref_a.lease,
+            ref_a.offset,
+            ref_a.generation,
+        )
+        st = p.statistics().arena
+        assert st.payloads_reused == 1 and st.bytes_reused == len(a) and st.leases_total == 2
+        a0, b0 = r0.recv(10), r0.recv(10)
+        a1, b1 = r1.recv(10), r1.recv(10)
+        assert bytes(a0.open(GlobalIndex(0))) == a
+        a0.release()  # rank 0 is done with req-a's lease; rank 1 still names it twice
+        a1.release()
+        assert settle(p, lambda: p.statistics().arena.leases_outstanding == 2)
+        assert bytes(b1.open(GlobalIndex(1))) == a  # still there, generation unchanged
+        assert np.array_equal(b0.open(GlobalIndex(0)), c)
+        b0.release()
+        b1.release()
+        assert settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
+        st = p.statistics().arena
+        assert st.bytes_in_use == 0 and st.leases_retained == 2 and st.bytes_retained > 0
+        assert p.statistics().releases_ignored == 0
+        # a third turn: a resident payload whose lease no one holds any more
+        third = p.publish("req-c", [Item(b, consumers=(0,), preprocess=KIMI)])
+        assert third[0].payload == first[1].payload
+        with r0.recv(10) as batch:
+            assert bytes(batch.open(GlobalIndex(0))) == b
 
 
 def test_a_member_that_ends_gives_back_only_its_own_references() -> None:
     a = _jpeg((200, 150))
-    with Producer(arena_size=16 << 20) as p:
-        r0 = Consumer(0, p.endpoint, handover=p.handover_path)
-        r1 = Consumer(1, p.endpoint, handover=p.handover_path)
-        try:
-            p.wait_for_consumers([0, 1], 10)
-            p.publish("x", [Item(a, consumers=(0, 1), preprocess=KIMI)])
-            p.publish("y", [Item(a, consumers=(0, 1), preprocess=KIMI)])
-            held = [r0.recv(10), r0.recv(10)]
-            r1.recv(10)
-            r1.recv(10)
-            r1.close()  # ends with two references unreleased: both go back
-            _settle(p, lambda: p.statistics().members_ended == 1)
-            assert p.statistics().arena.leases_outstanding == 1  # rank 0's two remain
-            held[0].release()
-            assert bytes(held[1].open(GlobalIndex(0))) == a
-            held[1].release()
-            _settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
-        finally:
-            r0.close()
-            r1.close()
+    with _two_ranks() as (p, r0, r1):
+        p.publish("x", [Item(a, consumers=(0, 1), preprocess=KIMI)])
+        p.publish("y", [Item(a, consumers=(0, 1), preprocess=KIMI)])
+        held = [r0.recv(10), r0.recv(10)]
+        r1.recv(10)
+        r1.recv(10)
+        r1.close()  # ends with two references unreleased: both go back
+        assert settle(p, lambda: p.statistics().members_ended == 1)
+        assert p.statistics().arena.leases_outstanding == 1  # rank 0's two remain
+        held[0].release()
+        assert bytes(held[1].open(GlobalIndex(0))) == a
+        held[1].release()
+        assert settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
 
 
 def test_a_release_from_a_member_holding_nothing_cannot_free_a_payload_in_use() -> None:
     from mmwire.transport._control import ENCODER, Release
 
     a = _jpeg((200, 150))
-    with Producer(arena_size=16 << 20) as p:
-        r0 = Consumer(0, p.endpoint, handover=p.handover_path)
-        r1 = Consumer(1, p.endpoint, handover=p.handover_path)
-        try:
-            p.wait_for_consumers([0, 1], 10)
-            env = p.publish("x", [Item(a, consumers=(0,), preprocess=KIMI)])[0]
-            ref = env.payload
-            assert isinstance(ref, CpuRef)
-            batch = r0.recv(10)
-            for _ in range(3):  # rank 1 never received it, yet releases it
-                r1._sock.send(ENCODER.encode(Release(lease=ref.lease, generation=ref.generation)))
-            _settle(p, lambda: p.statistics().releases_ignored == 3)
-            assert p.statistics().arena.leases_outstanding == 1
-            assert bytes(batch.open(GlobalIndex(0))) == a
-            batch.release()
-        finally:
-            r0.close()
-            r1.close()
+    with _two_ranks() as (p, r0, r1):
+        env = p.publish("x", [Item(a, consumers=(0,), preprocess=KIMI)])[0]
+        ref = env.payload
+        assert isinstance(ref, CpuRef)
+        batch = r0.recv(10)
+        for _ in range(3):  # rank 1 never received it, yet releases it
+            r1._sock.send(ENCODER.encode(Release(lease=ref.lease, generation=ref.generation)))
+        assert settle(p, lambda: p.statistics().releases_ignored == 3)
+        assert p.statistics().arena.leases_outstanding == 1
+        assert bytes(batch.open(GlobalIndex(0))) == a
+        batch.release()
 
 
 def test_resident_payloads_give_way_when_room_is_needed() -> None:
@@ -227,7 +215,7 @@ def test_resident_payloads_give_way_when_room_is_needed() -> None:
                 p.publish(f"r{k}", [Item(img, consumers=(0,), preprocess=KIMI)])
                 with c.recv(10) as batch:
                     assert np.array_equal(batch.open(GlobalIndex(0)), img)
-                _settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
+                assert settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
             st = p.statistics().arena
             assert st.leases_retained == 2 and st.payloads_reused == 0
             p.publish("again", [Item(imgs[-1], consumers=(0,), preprocess=KIMI)])  # resident

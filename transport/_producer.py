@@ -636,14 +636,7 @@ class Producer:
             for h in fresh:
                 holds.add(h, lease.start, lease.generation, claimed=True)
             holds.reused.add(k)
-            ref = CpuRef(
-                arena_id=self.arena.id,
-                lease=lease.start,
-                offset=off,
-                length=n,
-                generation=lease.generation,
-            )
-            out[k] = msgspec.structs.replace(envs[k], payload=ref)
+            out[k] = msgspec.structs.replace(envs[k], payload=self._ref(lease, off, n))
         return out
 
     def _checked_envelopes(
@@ -699,19 +692,23 @@ class Producer:
             if prepared[k].image is None:
                 write(k)
         for k, (off, n) in slots.items():
-            ref = CpuRef(
-                arena_id=self.arena.id,
-                lease=lease.start,
-                offset=off,
-                length=n,
-                generation=lease.generation,
-            )
+            ref = self._ref(lease, off, n)
             digest = envs[k].digest
             if digest is None and self.digests != "none" and prepared[k].image is not None:
                 written = np.frombuffer(self.arena.view, dtype=np.uint8, count=n, offset=off)
                 digest = arena_digest(prepared[k], written)
             out[k] = msgspec.structs.replace(envs[k], payload=ref, digest=digest)
         return out
+
+    def _ref(self, lease: Lease, offset: int, length: int) -> CpuRef:
+        """The reference to ``length`` bytes at ``offset`` in ``lease``."""
+        return CpuRef(
+            arena_id=self.arena.id,
+            lease=lease.start,
+            offset=offset,
+            length=length,
+            generation=lease.generation,
+        )
 
     def _deliver(
         self,
