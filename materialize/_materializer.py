@@ -205,13 +205,11 @@ class Materializer:
             n = _rows(env)
             if env.kind in ("raw", "encoded"):
                 spec = self._raw_spec(env, where)
-                key = None
                 if self._cache is not None and isinstance(env.payload, (CpuRef, InlineRef)):
                     key = output_key(batch.open(g), spec, self.dtype)
                     rows = self._cache.get(key)
-                    if rows is not None:
+                    if rows is not None:  # made before from the same bytes: copied, not run
                         walk.processed.append((rows, walk.rows, n))
-                        key = None
                     else:
                         walk.raw.append(_RawItem(g, spec, walk.rows, n, where, env.encoding, key))
                 else:
