@@ -269,3 +269,31 @@ def test_consumer_on_another_gpu_opens_the_pool_on_its_own_device(kind: str) -> 
     finally:
         cons.join(30)
         p.close()
+
+
+def test_cuda_items_through_the_host_are_copied_into_the_registered_arena() -> None:
+    """Without a device pool, a CUDA tensor goes D2H straight into the arena, which a CUDA
+    ``device`` registers at start; what arrives, and its digest, equal the host path's."""
+    p = Producer(device="cuda", digests="all")
+    c = Consumer(0, p.endpoint, handover=p.handover_path)
+    try:
+        assert p.statistics().arena_registered
+        p.wait_for_consumers([0], 30)
+        c.register_with_cuda()
+        g = torch.Generator(device="cuda").manual_seed(3)
+        fp32 = torch.randn(333, 257, device="cuda", generator=g)
+        bf16 = torch.randn(77, 129, device="cuda", generator=g).to(torch.bfloat16).t()  # strided
+        envs = p.publish("r1", [_item(fp32), _item(bf16)])
+        host = p.publish("r2", [_item(fp32.cpu()), _item(bf16.cpu())])
+        assert all(isinstance(e.payload, CpuRef) for e in envs)
+        assert [e.digest for e in envs] == [e.digest for e in host]
+        assert envs[1].tensor.dtype == "bfloat16" and envs[1].tensor.shape == (129, 77)
+        for want in (envs, host):
+            with c.recv(10) as b:
+                assert [e.digest for e in b.envelopes.values()] == [e.digest for e in want]
+                got = [b.open_tensor(GlobalIndex(k)).to("cuda", non_blocking=True) for k in (0, 1)]
+                torch.cuda.synchronize()
+                assert torch.equal(got[0], fp32) and torch.equal(got[1], bf16)
+    finally:
+        c.close()
+        p.close()

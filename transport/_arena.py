@@ -79,6 +79,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ._errors import ArenaFull, ClosedResourceError
 
 __all__ = ["ARENA_HEADER", "LEASE_HEADER", "Arena", "ArenaStatistics", "Lease"]
@@ -189,6 +191,8 @@ class Arena:
             os.close(self.fd)
             raise
         self.view = memoryview(self._map)
+        self.address: int = np.frombuffer(self._map, dtype=np.uint8).ctypes.data
+        """Where the producer's mapping starts (what ``cudaHostRegister`` is given)."""
         if prefault:
             zero = bytes(1 << 22)
             for off in range(0, size, len(zero)):

@@ -69,6 +69,7 @@ from ._errors import (
 from ._gpu import ConsumerDevice
 from ._handover import check_rank, receive_arena
 from ._index import GlobalIndex, GlobalTable
+from ._pinning import pin_host, unpin_host
 from ._schema import CpuRef, CudaIpcRef, FabricRef, FeatureEnvelope, InlineRef
 from ._views import _TORCH as _TORCH_DTYPES
 from ._views import numpy_view, torch_view
@@ -401,12 +402,7 @@ class Consumer:
         m = self._mapping
         if m is None or m.registered:
             return
-        if not torch.cuda.is_available():
-            raise BackendUnavailable("register_with_cuda needs a CUDA device; none is visible")
-        # cudaHostRegisterPortable | cudaHostRegisterReadOnly: the mapping is read-only.
-        err = torch.cuda.cudart().cudaHostRegister(m.address, m.size, 0x01 | 0x08)  # type: ignore[no-untyped-call]
-        if int(err) != 0:
-            raise BackendUnavailable(f"cudaHostRegister of the arena failed with error {int(err)}")
+        pin_host(m.address, m.size, read_only=True)
         m.registered = True
 
     def statistics(self) -> ConsumerStatistics:
@@ -439,8 +435,7 @@ class Consumer:
         if self._handover_conn is not None:
             self._handover_conn.close()
         if self._mapping is not None and self._mapping.registered:
-            with contextlib.suppress(Exception):
-                torch.cuda.cudart().cudaHostUnregister(self._mapping.address)  # type: ignore[no-untyped-call]
+            unpin_host(self._mapping.address)
         self._mapping = None
         self._device.close()
 

@@ -117,6 +117,9 @@ class PreparedItem:
     digest: str | None = None
     """The payload's content digest, when it could be taken from the data as given (a PIL
     image's is taken from its pixels once they are in the arena)."""
+    cuda: torch.Tensor | None = None
+    """A contiguous CUDA tensor that travels through the host: ``write_into`` copies it
+    into the arena (one D2H copy, by DMA where the arena is registered)."""
 
     @property
     def alpha(self) -> str:
@@ -128,6 +131,8 @@ class PreparedItem:
         """Host bytes to copy (0 for a tensor kept on its GPU)."""
         if self.image is not None:
             return math.prod(self.shape)
+        if self.cuda is not None:
+            return self.cuda.numel() * self.cuda.element_size()
         return 0 if self.array is None else int(self.array.nbytes)
 
     def write_into(self, dst: np.ndarray[Any, Any]) -> None:
@@ -135,6 +140,8 @@ class PreparedItem:
         if self.image is not None:
             alpha = self.spec.alpha if self.spec is not None else "keep"
             pixels_into(self.image, dst.reshape(self.shape), alpha=alpha)
+        elif self.cuda is not None:
+            torch.from_numpy(dst).view(self.cuda.dtype).view(self.cuda.shape).copy_(self.cuda)
         elif self.array is not None:
             dst[:] = self.array.reshape(-1).view(np.uint8)
 
@@ -232,14 +239,17 @@ def _source_digest(p: PreparedItem) -> str | None:
 
 
 def arena_digest(p: PreparedItem, written: np.ndarray[Any, Any]) -> str:
-    """The digest of a raw image's pixels as written into the arena (uint8 ``shape``): equal
-    to that of the same pixels given as a C-contiguous uint8 array."""
-    return digest_of(p.item.kind, "uint8", p.shape, p.alpha, written)
+    """The digest of a payload as written into the arena (a raw image's pixels, a CUDA
+    tensor's elements): equal to that of the same data given as a C-contiguous array."""
+    alpha = p.alpha if p.image is not None else ""
+    return digest_of(p.item.kind, p.dtype, p.shape, alpha, written)
 
 
 def _prepare(where: str, item: Item) -> PreparedItem:
     data = item.data
     if isinstance(data, torch.Tensor) and data.is_cuda:
+        if item.kind not in ("raw", "encoded"):
+            return _on_gpu(where, item, data)
         data = data.cpu()
     if item.kind == "encoded" and (
         not isinstance(data, (bytes, bytearray, memoryview)) or item.decode
@@ -295,6 +305,19 @@ def _spec(item: Item, shape: tuple[int, ...], where: str) -> PreprocessSpec | No
             "not a PreprocessSpec"
         )
     return got
+
+
+def _on_gpu(where: str, item: Item, data: torch.Tensor) -> PreparedItem:
+    """A processed or embedding CUDA tensor bound for the host: checked now, copied into
+    the arena (not into a staging buffer first) when the lease is written."""
+    t = data.detach().contiguous()
+    name = str(t.dtype).removeprefix("torch.")
+    if name not in DTYPES:
+        raise InvalidRequest(f"{where}: dtype `{name}` is not in the whitelist {sorted(DTYPES)}")
+    if t.ndim == 0 or t.numel() == 0:
+        raise InvalidRequest(f"{where}: an empty tensor of shape {list(t.shape)}")
+    dims = tuple(int(d) for d in t.shape)
+    return PreparedItem(item, None, name, dims, _spec(item, dims, where), cuda=t)
 
 
 def _as_array(data: Any, where: str) -> tuple[np.ndarray[Any, Any], str]:
