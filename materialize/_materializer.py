@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, final
@@ -11,6 +11,7 @@ from typing import Any, Literal, Protocol, final
 import numpy as np
 import torch
 from mmwire.transport import (
+    ConfigurationError,
     CpuRef,
     EncodedImage,
     FeatureEnvelope,
@@ -30,6 +31,7 @@ from ._backend import resolve_backend
 from ._cache import CacheKey, CacheStatistics, OutputCache, output_key
 from ._decode import check_encoded, decode_encoded
 from ._families import ModelSpec
+from ._gpu_decode import decode_jpegs_on_gpu, gpu_decodable, require_gpu_decoder
 from ._pipeline import produce
 from ._plan import expected_plan
 
@@ -91,6 +93,11 @@ class Materializer:
         models: the families this rank serves (``spec_for(...)`` results): on ``"cuda"``
             their kernels compile here, up front, rather than at their first batch
             (Kimi-K2.5's always do).
+        gpu_decode: on ``"cuda"``, decode encoded RGB and grayscale JPEGs on the GPU
+            (torchvision's nvJPEG). **Approximate**: nvJPEG's chroma upsampling and IDCT
+            rounding differ from Pillow's, so their outputs are not the checkpoint
+            processor's bytes; off by default, and never chosen otherwise. Other formats
+            still decode with Pillow.
         cache_bytes: a budget for keeping raw and encoded items' outputs on ``device``
             (0: no cache). An item whose payload bytes, spec and dtype were materialised
             before is copied from the cache instead of decoded, uploaded and run through
@@ -121,6 +128,7 @@ class Materializer:
         decode_threads: int = 4,
         max_decoded_bytes: int = 4 << 30,
         cache_bytes: int = 0,
+        gpu_decode: bool = False,
     ) -> None:
         self.rank = rank
         self.device = torch.device(device)
@@ -132,6 +140,11 @@ class Materializer:
         self._decode_pool: ThreadPoolExecutor | None = None
         self._cache = OutputCache(cache_bytes) if cache_bytes > 0 else None
         self.backend: Literal["cpu", "cuda"] = resolve_backend(backend, self.device)
+        self.gpu_decode = gpu_decode
+        if gpu_decode:
+            if self.backend != "cuda":
+                raise ConfigurationError("`gpu_decode=True` needs the cuda backend")
+            require_gpu_decoder()
         if self.backend == "cuda":
             from mmwire.kernels import CupyLauncher, output_layout
 
@@ -236,11 +249,16 @@ class Materializer:
         """
         from mmwire.kernels import preprocess_packed, to_device
 
-        decoded = self._decode_all(batch, walk.raw, pinned=True)
-        views = [
-            batch.open_tensor(item.index) if pixels is None else torch.from_numpy(pixels)
-            for item, pixels in zip(walk.raw, decoded)
-        ]
+        on_gpu = self._decode_on_gpu(batch, walk.raw) if self.gpu_decode else {}
+        decoded = self._decode_all(batch, walk.raw, pinned=True, skip=on_gpu.keys())
+        views = []  # each item's uint8 pixels: on the GPU, decoded on the host, or in the arena
+        for k, (item, pixels) in enumerate(zip(walk.raw, decoded)):
+            if k in on_gpu:
+                views.append(on_gpu[k])
+            elif pixels is not None:
+                views.append(torch.from_numpy(pixels))
+            else:
+                views.append(batch.open_tensor(item.index))
         pixel_values = torch.empty((walk.rows, *row_shape), dtype=self.dtype, device=self.device)
         packed = torch.empty(sum(v.numel() for v in views), dtype=torch.uint8, device=self.device)
         stream = torch.cuda.current_stream(self.device)
@@ -308,16 +326,49 @@ class Materializer:
         except MaterializeError as e:
             raise MaterializeError(f"{item.where}: {e}") from e
 
+    def _decode_on_gpu(
+        self, batch: PayloadSource, items: list[_RawItem]
+    ) -> dict[int, torch.Tensor]:
+        """The pixels of the items the GPU decodes (``gpu_decode``), by position in ``items``,
+        each header checked against its envelope first."""
+        self._check_decoded_bytes(items)
+        picked: list[tuple[int, memoryview, EncodedImage]] = []
+        for k, item in enumerate(items):
+            if item.encoding is None or item.encoding.format != "JPEG":
+                continue
+            raw = check_encoded(
+                batch.open(item.index),
+                item.encoding,
+                item.spec.alpha,
+                item.where,
+                max_pixels=self.max_pixels,
+            )
+            if gpu_decodable(raw, item.encoding):
+                picked.append((k, raw, item.encoding))
+        if not picked:
+            return {}
+        pixels = decode_jpegs_on_gpu(
+            [raw for _, raw, _ in picked],
+            [e for _, _, e in picked],
+            [items[k].where for k, _, _ in picked],
+            self.device,
+        )
+        return {k: p for (k, _, _), p in zip(picked, pixels) if p is not None}
+
     def _decode_all(
-        self, batch: PayloadSource, items: list[_RawItem], pinned: bool
+        self,
+        batch: PayloadSource,
+        items: list[_RawItem],
+        pinned: bool,
+        skip: Collection[int] = (),
     ) -> list[np.ndarray[Any, Any] | None]:
-        """The encoded items' pixels (``None`` for raw ones), decoded in parallel: into one
-        pinned host buffer where ``pinned`` (the CUDA path uploads from it). Every header is
-        checked against its envelope, and the total against ``max_decoded_bytes``, before
-        anything is allocated."""
+        """The encoded items' pixels (``None`` for raw ones and positions in ``skip``),
+        decoded in parallel: into one pinned host buffer where ``pinned`` (the CUDA path
+        uploads from it). Every header is checked against its envelope, and the total
+        against ``max_decoded_bytes``, before anything is allocated."""
         checked = [
             None
-            if item.encoding is None
+            if item.encoding is None or k in skip
             else check_encoded(
                 batch.open(item.index),
                 item.encoding,
@@ -325,17 +376,13 @@ class Materializer:
                 item.where,
                 max_pixels=self.max_pixels,
             )
-            for item in items
+            for k, item in enumerate(items)
         ]
-        shapes = [item.shape for item in items]
+        self._check_decoded_bytes(items)
+        shapes = [None if raw is None else item.shape for item, raw in zip(items, checked)]
         total = sum(math.prod(s) for s in shapes if s is not None)
         if total == 0:
             return [None] * len(items)
-        if total > self.max_decoded_bytes:
-            raise MaterializeError(
-                f"rank {self.rank}'s encoded items of this batch decode to {total} bytes, over "
-                f"`max_decoded_bytes` {self.max_decoded_bytes}"
-            )
         buffer = torch.empty(total, dtype=torch.uint8, pin_memory=pinned).numpy()
         outs: list[np.ndarray[Any, Any] | None] = []
         at = 0
@@ -360,6 +407,16 @@ class Materializer:
         else:
             decode(jobs[0])
         return outs
+
+    def _check_decoded_bytes(self, items: list[_RawItem]) -> None:
+        """``MaterializeError`` if the batch's encoded items decode to more than
+        ``max_decoded_bytes`` (from their checked headers, before any decode)."""
+        total = sum(math.prod(item.shape) for item in items if item.shape is not None)
+        if total > self.max_decoded_bytes:
+            raise MaterializeError(
+                f"rank {self.rank}'s encoded items of this batch decode to {total} bytes, over "
+                f"`max_decoded_bytes` {self.max_decoded_bytes}"
+            )
 
     def _decoders(self) -> ThreadPoolExecutor:
         """The threads that decode a batch's encoded items in parallel (made at first use;

@@ -27,6 +27,7 @@ from mmwire.materialize import (
 )
 from mmwire.transport import (
     ENCODED_FORMATS,
+    ConfigurationError,
     Consumer,
     EncodedImage,
     GridMismatch,
@@ -344,3 +345,48 @@ def test_decoding_into_the_arena_equals_pillows_own_conversion(name: str) -> Non
     for alpha, want in (("keep", keep), ("white", white)):
         got = to_pixels(data, alpha=alpha)
         assert np.array_equal(got, want.reshape(got.shape)), (name, alpha)
+
+
+def test_gpu_decode_is_refused_without_the_cuda_backend() -> None:
+    with pytest.raises(ConfigurationError, match="cuda backend"):
+        Materializer(0, gpu_decode=True)
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("spec", [K3, QWEN], ids=["kimi-k3", "qwen2.5-vl"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_the_cuda_owner_decodes_every_format_as_the_cpu_owner(
+    spec: Any, dtype: torch.dtype
+) -> None:
+    data = [make() for make in SAMPLES.values()]
+    items = [Item(data=d, consumers=(0,), preprocess=spec) for d in data]
+    on_cpu, _, _ = _materialize(items, dtype=dtype)
+    on_gpu, _, _ = _materialize(items, device="cuda", dtype=dtype)  # pinned decode + kernels
+    assert on_gpu.is_cuda and torch.equal(on_gpu.cpu(), on_cpu)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_gpu_decode_is_approximate_and_only_takes_rgb_and_gray_jpegs() -> None:
+    pytest.importorskip("torchvision")
+    data = [make() for make in SAMPLES.values()]
+    items = [Item(data=d, consumers=(0,), preprocess=K3) for d in data]
+    exact, _, _ = _materialize(items, device="cuda")
+    approx, _, _ = _materialize(items, device="cuda", gpu_decode=True)
+    _, grids = preprocess_images(data, K3)
+    rows = [int(n) for n in grids.prod(dim=1).tolist()]
+    at = 0
+    for name, n in zip(SAMPLES, rows):
+        want, got = exact[at : at + n], approx[at : at + n]
+        at += n
+        if name in ("jpeg-420", "jpeg-444", "jpeg-progressive", "jpeg-gray"):
+            # nvJPEG's pixels are a few levels off Pillow's: close, not equal (one level
+            # is 1/255/std, about 0.017 after normalising)
+            assert (got - want).abs().mean() < 0.05, name
+        else:  # CMYK JPEGs and every other format stay with Pillow: exact
+            assert torch.equal(got, want), name
+    assert not torch.equal(exact, approx)  # the GPU decoded something
