@@ -57,12 +57,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     pl.add_argument("--ranks", type=int, default=2)
     pl.add_argument("--requests", type=int, default=30, help="requests per (mode, rate) cell")
     pl.add_argument("--rates", default="0.5,1,2", help="multiples of eager's capacity")
-    pl.add_argument("--device", default="cpu", help="cpu, or cuda for the CUDA materializer")
+    pl.add_argument(
+        "--device",
+        default="cpu",
+        help="the owners' materializer: cpu, cuda (the CUDA kernels), or both as cpu,cuda",
+    )
     en = sub.add_parser("engine", help="reuse and the owner cache on a chat trace; async publish")
     en.add_argument("--ranks", type=int, default=2)
     en.add_argument("--conversations", type=int, default=6)
     en.add_argument("--turns", type=int, default=4)
     en.add_argument("--reps", type=int, default=300, help="publishes per async/sync cell")
+    en.add_argument("--device", default="cpu", help="the owners' materializer: cpu or cuda")
     args = parser.parse_args(argv)
     if args.record:
         if not RECORD_DIR.is_dir():
@@ -102,13 +107,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.ranks,
             args.requests,
             tuple(float(x) for x in args.rates.split(",")),
-            args.device,
+            tuple(args.device.split(",")),
             out_dir=args.out,
         )
     elif command == "engine":
         from ._engine import run_engine
 
-        run_engine(args.ranks, args.conversations, args.turns, args.reps, out_dir=args.out)
+        run_engine(
+            args.ranks, args.conversations, args.turns, args.reps, args.device, out_dir=args.out
+        )
     elif command == "gpu-transport":
         from ._gpu_transport import run_gpu_transport
 

@@ -68,14 +68,14 @@ def trace(conversations: int, turns: int, seed: int = 7) -> list[list[bytes]]:
     return out
 
 
-def _trace_cell(way: str, requests: list[list[bytes]], ranks: int) -> dict[str, Any]:
+def _trace_cell(way: str, requests: list[list[bytes]], ranks: int, device: str) -> dict[str, Any]:
     reuse = way != "no reuse"
     spec = spec_for(FAMILY)
     producer = Producer(arena_size=1 << 30, reuse=reuse, full_timeout=60)
     pool = Ranks(
         _workers.engine_rank,
         ranks,
-        lambda r: (producer.endpoint, producer.handover_path, (1 << 30) if reuse else 0),
+        lambda r: (producer.endpoint, producer.handover_path, (1 << 30) if reuse else 0, device),
     )
     try:
         producer.wait_for_consumers(range(ranks), 120)
@@ -170,18 +170,21 @@ def run_engine(
     conversations: int = 6,
     turns: int = 4,
     reps: int = 300,
+    device: str = "cpu",
     out_dir: Path | None = None,
     console: Console | None = None,
 ) -> Path:
-    """The trace with and without reuse and caching, then the async overhead."""
+    """The trace with and without reuse and caching (owners on ``device``), then the async
+    overhead."""
     console = console or Console()
     requests = trace(conversations, turns)
     images = sum(len(r) for r in requests)
-    cells = [_trace_cell(way, requests, ranks) for way in WAYS]
+    cells = [_trace_cell(way, requests, ranks, device) for way in WAYS]
     overhead = _overhead(reps)
     payload = {
         "kind": "engine",
         "ranks": ranks,
+        "device": device,
         "family": FAMILY,
         "requests": len(requests),
         "images": images,
@@ -210,7 +213,8 @@ def render_table(payload: dict[str, Any]) -> Table:
     n = payload["requests"]
     table = Table(
         title=f"{payload['requests']} chat turns, {payload['images']} images, "
-        f"{payload['repeats']} repeats; {payload['ranks']} ranks, {payload['family']}",
+        f"{payload['repeats']} repeats; {payload['ranks']} ranks on "
+        f"{payload.get('device', 'cpu')}, {payload['family']}",
         box=box.SIMPLE_HEAD,
     )
     for col in ("way", "MiB in", "owner ms", "p50", "p90", "hits", "p50 ×"):

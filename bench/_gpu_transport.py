@@ -6,8 +6,9 @@ both read from ``CLOCK_MONOTONIC``, which is system-wide. Methods:
 
 * ``cuda_ipc`` / ``fabric``: mmwire device pools (one D2D copy into the pool, stream-ordered
   ready flag; the consumer's stream waits on the GPU; it acknowledges on release);
-* ``cpu``: mmwire without a device pool (the tensor goes D2H into the arena, the consumer
-  uploads from its registered mapping), what a GPU tensor costs on the cpu backend;
+* ``cpu``: mmwire without a device pool, the fallback for a full pool or a consumer on
+  another host: the tensor is copied D2H straight into the producer's registered arena and
+  the consumer uploads it from its registered mapping, both by DMA;
 * ``torch_mp``: ``torch.multiprocessing`` queue with CUDA tensor sharing (cudaIpcMemHandle
   of the allocator block, pickled; the consumer opens it, cached per block), the way
   engines that pass CUDA tensors between processes do it.
@@ -182,6 +183,8 @@ def run_gpu_transport(
                 "latency: publish call until the consumer's stream is past the ready wait and "
                 "synchronised (CLOCK_MONOTONIC in both processes); one consumer process, same GPU",
                 "fabric runs as posix_fd where the driver refuses FABRIC allocations",
+                "cpu: D2H into the producer's registered arena, H2D from the consumer's "
+                "registered mapping (the host fallback)",
                 "vs torch_mp > 1 means faster than torch.multiprocessing CUDA sharing",
             ],
         },

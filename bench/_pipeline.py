@@ -1,14 +1,18 @@
 """``mmwire-bench pipeline``: Poisson arrivals of encoded photos into a tokenizer and N ranks.
 
 Requests are what clients send: 1-8 JPEG or PNG photos of mixed sizes (up to 12 MP), as
-bytes. Three ways, each through mmwire's cpu transport:
+bytes. The ways, each through mmwire's cpu transport:
 
 * eager: the tokenizer decodes and preprocesses each request on arrival (the CPU pipeline,
   one process, as engines do) and ships fp32 patches to every rank;
 * raw: the tokenizer decodes (``Item(decode=True)``) and ships uint8 pixels; each item's
   owner rank materialises it;
 * encoded: the tokenizer reads the headers only and ships the bytes; the owner decodes and
-  materialises (on the CPU, or with the CUDA kernels when ``--device cuda``).
+  materialises.
+
+raw and encoded run once per owner device (``--device cpu,cuda``: the CPU pipeline, or the
+CUDA kernels); on CUDA with torchvision, encoded also runs with the approximate nvJPEG
+decode (``gpu_decode=True``), and the run reports how its pixels differ from Pillow's.
 
 TTFT-proxy = arrival -> the last owner of the request's items holds its pixel_values. Rates
 are multiples of eager's capacity (1 / its mean service time per request, measured first),
@@ -148,11 +152,29 @@ def _run(
     }
 
 
+def _ways(devices: list[str]) -> list[tuple[str, str, bool]]:
+    """``(mode, owner device, gpu_decode)`` of every way a run measures."""
+    ways = [("eager", devices[-1], False)]
+    for device in devices:
+        ways += [("raw", device, False), ("encoded", device, False)]
+        if device.startswith("cuda") and _has_gpu_decoder():
+            ways.append(("encoded", device, True))
+    return ways
+
+
+def _has_gpu_decoder() -> bool:
+    try:
+        from torchvision.io import decode_jpeg  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def run_pipeline(
     ranks: int = 2,
     requests: int = 30,
     rates: tuple[float, ...] = (0.5, 1.0, 2.0),
-    device: str = "cpu",
+    devices: tuple[str, ...] = ("cpu",),
     out_dir: Path | None = None,
     console: Console | None = None,
 ) -> Path:
@@ -167,22 +189,26 @@ def run_pipeline(
         preprocess_images(request, cfg)
     service = (time.perf_counter() - t0) / len(reqs)
     capacity = 1.0 / service
+    ways = _ways(list(devices))
     rows: list[dict[str, Any]] = []
-    producer = Producer(arena_size=2 << 30, full_timeout=60)
+    # every rate replays the same requests: without reuse off, the later rates would find
+    # the raw pixels still resident in the arena and skip the very decode being measured
+    producer = Producer(arena_size=2 << 30, full_timeout=60, reuse=False)
     try:
         with Progress(console=console, transient=True) as progress:
-            task = progress.add_task("pipeline", total=len(MODES) * len(rates))
-            for mode in MODES:
+            task = progress.add_task("pipeline", total=len(ways) * len(rates))
+            for mode, device, gpu_decode in ways:
                 side = "eager" if mode == "eager" else "deferred"
                 pool = Ranks(
                     _workers.pipeline_rank,
                     ranks,
-                    lambda r, side=side: (
+                    lambda r, side=side, device=device, gpu_decode=gpu_decode: (
                         ranks,
                         producer.endpoint,
                         producer.handover_path,
                         side,
                         device,
+                        gpu_decode,
                     ),  # type: ignore[misc]
                 )
                 try:
@@ -193,7 +219,7 @@ def run_pipeline(
                         row = _run(
                             mode, reqs, x * capacity, pool, producer, ranks, cfg, seed=100 + k
                         )
-                        row["rate_x_capacity"] = x
+                        row.update(rate_x_capacity=x, device=device, gpu_decode=gpu_decode)
                         rows.append(row)
                         progress.advance(task)
                     stop = Item(
@@ -208,79 +234,96 @@ def run_pipeline(
                     _drop_ranks(producer, ranks)
     finally:
         producer.close()
-    table = Table(
-        title=f"pipeline: {ranks} ranks, device {device}, {requests} requests of 1-8 images per "
-        f"cell; eager capacity {capacity:.1f} req/s"
-    )
-    table = render_table(
-        {"rows": rows, "ranks": ranks, "device": device, "eager_service_s": service}
-    )
+    payload: dict[str, Any] = {
+        "kind": "pipeline",
+        "rows": rows,
+        "ranks": ranks,
+        "devices": list(devices),
+        "eager_service_s": service,
+        "notes": [
+            "TTFT proxy: scheduled Poisson arrival -> the last owner of the request's items "
+            "holds pixel_values (on the device for a cuda owner); queueing included",
+            "requests are JPEG/PNG bytes; eager decodes and preprocesses on the tokenizer "
+            "(one process) and ships fp32 patches to every rank; raw decodes there and "
+            "ships uint8 pixels to the owner; encoded ships the bytes and the owner decodes",
+            "owner: the owner's materializer (cpu, or the cuda kernels); +nvJPEG: JPEGs "
+            "decoded on the GPU, approximate (see gpu_decode)",
+            "CPU ms: the tokenizer process's CPU time per request",
+            "rates are multiples of eager's measured capacity (1 / mean preprocessing time)",
+        ],
+    }
+    cuda = next((d for d in devices if d.startswith("cuda")), None)
+    if cuda is not None and _has_gpu_decoder():
+        payload["gpu_decode"] = gpu_decode_accuracy(reqs, cuda)
+    table = render_table(payload)
     console.print(table)
-
-    def plot(path: Path) -> None:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for mode in MODES:
-            mine = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["rate"])
-            for q, style in ((50, "-"), (99, ":")):
-                ax.plot(
-                    [r["rate"] for r in mine],
-                    [percentile(r["ttft_s"], q) * 1e3 for r in mine],
-                    style,
-                    marker="o",
-                    label=f"{mode} p{q}",
-                )
-        ax.set_xlabel("arrival rate (requests/s)")
-        ax.set_ylabel("TTFT proxy (ms)")
-        ax.set_yscale("log")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-
-    folder = write_run(
-        "pipeline",
-        {
-            "kind": "pipeline",
-            "rows": rows,
-            "ranks": ranks,
-            "device": device,
-            "eager_service_s": service,
-            "notes": [
-                "TTFT proxy: scheduled Poisson arrival -> the last owner of the request's items "
-                "holds pixel_values (on the device for --device cuda); queueing included",
-                "requests are JPEG/PNG bytes; eager decodes and preprocesses on the tokenizer "
-                "(one process) and ships fp32 patches to every rank; raw decodes there and "
-                "ships uint8 pixels to the owner; encoded ships the bytes and the owner decodes",
-                "CPU ms: the tokenizer process's CPU time per request",
-                "rates are multiples of eager's measured capacity (1 / mean preprocessing time)",
-            ],
-        },
-        table,
-        plot,
-        out_dir=out_dir,
-    )
+    folder = write_run("pipeline", payload, table, out_dir=out_dir)
     console.print(f"results written to {folder}")
     return folder
+
+
+def gpu_decode_accuracy(requests: list[list[bytes]], device: str) -> dict[str, Any]:
+    """How nvJPEG's pixels differ from Pillow's on the trace's distinct JPEGs, and what
+    either takes to decode them all (Pillow on one thread, nvJPEG in one batched call)."""
+    import torch
+    from mmwire.transport import to_pixels
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    jpegs = list({data: None for r in requests for data in r if data[:2] == b"\xff\xd8"})
+    t0 = time.perf_counter()
+    exact = [to_pixels(data) for data in jpegs]
+    pillow_s = time.perf_counter() - t0
+    tensors = [torch.frombuffer(bytearray(data), dtype=torch.uint8) for data in jpegs]
+    decode_jpeg(tensors[:1], mode=ImageReadMode.RGB, device=device)  # the decoder's start-up
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    approx = decode_jpeg(tensors, mode=ImageReadMode.RGB, device=device)
+    torch.cuda.synchronize()
+    gpu_s = time.perf_counter() - t0
+    total = differ = 0
+    worst = 0
+    abs_sum = 0.0
+    for want, got in zip(exact, approx):
+        diff = (got.permute(1, 2, 0).cpu().numpy().astype(np.int16) - want).__abs__()
+        total += diff.size
+        differ += int((diff > 0).sum())
+        worst = max(worst, int(diff.max()))
+        abs_sum += float(diff.sum())
+    return {
+        "images": len(jpegs),
+        "bytes": total,
+        "bytes_differing": differ,
+        "max_abs_diff": worst,
+        "mean_abs_diff": abs_sum / total,
+        "pillow_s": pillow_s,
+        "nvjpeg_s": gpu_s,
+    }
 
 
 def render_table(payload: dict[str, Any]) -> Table:
     """The run's table (also re-renders a saved ``results.json``): per rate and way, the
     TTFT proxy's percentiles, throughput, MiB shipped, the tokenizer's CPU ms a request,
-    and p50 against raw's (today's deferral) and eager's."""
+    and p50 against raw's on the same owner device (today's deferral) and eager's."""
     rows = payload["rows"]
     service = payload["eager_service_s"]
+    devices = payload.get("devices") or [payload.get("device", "cpu")]
     table = Table(
-        title=f"pipeline from encoded bytes: {payload['ranks']} ranks, device "
-        f"{payload['device']}; eager capacity {1 / service:.1f} req/s"
+        title=f"pipeline from encoded bytes: {payload['ranks']} ranks, owners on "
+        f"{' and '.join(devices)}; eager capacity {1 / service:.1f} req/s"
     )
+    accuracy = payload.get("gpu_decode")
+    if accuracy:
+        table.caption = (
+            f"+nvJPEG (approximate): {accuracy['bytes_differing'] / accuracy['bytes']:.0%} of "
+            f"the decoded bytes differ from Pillow's, by up to {accuracy['max_abs_diff']} "
+            f"levels (mean {accuracy['mean_abs_diff']:.2f}); {accuracy['images']} JPEGs decode "
+            f"in {accuracy['nvjpeg_s'] * 1e3:.0f} ms on the GPU, {accuracy['pillow_s'] * 1e3:.0f} "
+            "ms with Pillow on one thread"
+        )
     for col in (
         "rate",
         "way",
+        "owner",
         "p50 ms",
         "p90",
         "p99",
@@ -291,14 +334,27 @@ def render_table(payload: dict[str, Any]) -> Table:
         "vs eager",
     ):
         table.add_column(col, justify="right")
-    p50s = {(r["rate_x_capacity"], r["mode"]): percentile(r["ttft_s"], 50) for r in rows}
+
+    def owner(r: dict[str, Any]) -> str:
+        device = str(r.get("device", devices[-1]))
+        return device + ("+nvJPEG" if r.get("gpu_decode") else "")
+
+    p50s = {(r["rate_x_capacity"], r["mode"], owner(r)): percentile(r["ttft_s"], 50) for r in rows}
     order = {m: k for k, m in enumerate(MODES)}
-    for r in sorted(rows, key=lambda r: (r["rate_x_capacity"], order.get(r["mode"], 9))):
+
+    def place(r: dict[str, Any]) -> tuple[float, int, int, bool]:
+        device = str(r.get("device", devices[-1]))
+        group = 0 if r["mode"] == "eager" else 1 + devices.index(device)
+        return r["rate_x_capacity"], group, order.get(r["mode"], 9), bool(r.get("gpu_decode"))
+
+    for r in sorted(rows, key=place):
         x, p50 = r["rate_x_capacity"], percentile(r["ttft_s"], 50)
-        raw, eager = p50s.get((x, "raw")), p50s.get((x, "eager"))
+        raw = p50s.get((x, "raw", str(r.get("device", devices[-1]))))
+        eager = next((v for (rx, m, _), v in p50s.items() if rx == x and m == "eager"), None)
         table.add_row(
             f"{x:.1f}x",
             r["mode"],
+            owner(r),
             f"{p50 * 1e3:.0f}",
             f"{percentile(r['ttft_s'], 90) * 1e3:.0f}",
             f"{percentile(r['ttft_s'], 99) * 1e3:.0f}",

@@ -186,7 +186,14 @@ def tmp_queue_rank(rank: int, queue: Any, report: str) -> None:
 
 
 def pipeline_rank(
-    rank: int, ranks: int, endpoint: str, handover: str, mode: str, device: str, report: str
+    rank: int,
+    ranks: int,
+    endpoint: str,
+    handover: str,
+    mode: str,
+    device: str,
+    gpu_decode: bool,
+    report: str,
 ) -> None:
     """A rank of ``mmwire-bench pipeline``: reports when it holds its items' pixel_values.
 
@@ -202,7 +209,7 @@ def pipeline_rank(
     with _mmwire_session(rank, endpoint, handover, report) as (out, consumer):
         if on_gpu:
             consumer.register_with_cuda()
-        mat = Materializer(rank, device=device)
+        mat = Materializer(rank, device=device, gpu_decode=gpu_decode)
         _say(out, "ready", rank, "", 0.0)
         for rid, batch in _requests(consumer):
             held = 0
@@ -222,15 +229,20 @@ def pipeline_rank(
             _say(out, "done", rank, rid, time.perf_counter(), held)
 
 
-def engine_rank(rank: int, endpoint: str, handover: str, cache_bytes: int, report: str) -> None:
-    """A rank of ``mmwire-bench engine``: materialises its items (through its output cache
-    when ``cache_bytes``) and reports the time that took and the cache's hits."""
+def engine_rank(
+    rank: int, endpoint: str, handover: str, cache_bytes: int, device: str, report: str
+) -> None:
+    """A rank of ``mmwire-bench engine``: materialises its items on ``device`` (through its
+    output cache when ``cache_bytes``) and reports the time that took and the cache's hits."""
     from mmwire.materialize import Materializer
     from mmwire.transport import IndexMap
 
     torch.set_num_threads(1)
+    on_gpu = device.startswith("cuda")
     with _mmwire_session(rank, endpoint, handover, report) as (out, consumer):
-        mat = Materializer(rank, cache_bytes=cache_bytes)
+        if on_gpu:
+            consumer.register_with_cuda()
+        mat = Materializer(rank, device=device, cache_bytes=cache_bytes)
         _say(out, "ready", rank, "", 0.0)
         for rid, batch in _requests(consumer):
             mine = IndexMap(rank, list(batch.owned))
@@ -240,6 +252,8 @@ def engine_rank(rank: int, endpoint: str, handover: str, cache_bytes: int, repor
             before = mat.cache_statistics()
             t0 = time.perf_counter()
             mat.materialize(batch, mine)
+            if on_gpu:
+                torch.cuda.synchronize()
             t1 = time.perf_counter()
             after = mat.cache_statistics()
             hits = after.hits - before.hits if after is not None and before is not None else 0
