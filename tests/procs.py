@@ -341,3 +341,55 @@ def produce_forever(name: str, q: Any) -> None:
         p.publish(f"{name}-{i}", [Item(pixels, consumers=(0,), preprocess=raw_spec(16, 16))])
         i += 1
         time.sleep(0.005)
+
+
+def mooncake_consume(
+    rank: int, endpoint: str, server: bytes, client: Any, n: int, q: Any, go: Any
+) -> None:
+    """A remote rank pulling through the transfer engine: per batch it reports its owned
+    items' sha256 and payload kinds, then holds the batch until ``go`` says release."""
+    from mmwire.transport import MooncakeTransfer
+
+    c = Consumer(
+        rank,
+        endpoint,
+        curve_server_key=server,
+        curve=client,
+        transfer=MooncakeTransfer(),
+        receive_pool_size=32 << 20,
+    )
+    q.put(("joined", rank, os.getpid()))
+    with _reporting(c, q, rank):
+        for _ in range(n):
+            with c.recv(timeout=30) as b:
+                digests = {
+                    g.value: hashlib.sha256(b.open(g).tobytes()).hexdigest() for g in b.owned
+                }
+                kinds = [type(e.payload).__name__ for e in b.envelopes.values()]
+                q.put(("batch", rank, digests, kinds))
+                go.get(timeout=60)
+        q.put(("done", rank))
+        time.sleep(0.5)
+
+
+def mooncake_produce_then_hang(client: bytes, q: Any) -> None:
+    """A producer with the transfer engine that publishes one batch to remote rank 0 and
+    then waits to be killed."""
+    import numpy as np
+    from mmwire.transport import CurveKeys, Grid, Item, MooncakeTransfer, Producer
+
+    keys = CurveKeys.generate()
+    p = Producer(
+        "tcp://127.0.0.1:*",
+        arena_size=1 << 24,
+        curve=keys,
+        curve_clients=[client],
+        transfer=MooncakeTransfer(),
+    )
+    q.put((p.endpoint, keys.public))
+    p.wait_for_consumers([0], 30)
+    data = np.arange(1 << 20, dtype=np.uint8)
+    p.publish("r", [Item(data, consumers=(0,), kind="embedding", grid=Grid((1, 1)))])
+    time.sleep(0.5)  # the batch's frames reach the consumer's socket
+    q.put("sent")
+    time.sleep(3600)

@@ -60,6 +60,7 @@ from ._index import IndexMap as IndexMap
 from ._index import LocalIndex as LocalIndex
 from ._index import LocalSlots as LocalSlots
 from ._items import Item as Item
+from ._mooncake import MooncakeTransfer as MooncakeTransfer
 from ._pixels import AlphaRule as AlphaRule
 from ._pixels import encoded_image as encoded_image
 from ._pixels import image_size as image_size
@@ -140,6 +141,7 @@ __all__ = [
     "MalformedEnvelope",
     "MaterializeError",
     "MmwireError",
+    "MooncakeTransfer",
     "NotAConsumer",
     "OffsetError",
     "PayloadRef",

@@ -60,6 +60,7 @@ from ._control import ENCODER, NOTICE, CurveKeys, Join, Release
 from ._errors import (
     BackendUnavailable,
     ClosedResourceError,
+    ConfigurationError,
     HandoverRefused,
     NotAConsumer,
     OffsetError,
@@ -69,6 +70,7 @@ from ._errors import (
 from ._gpu import ConsumerDevice
 from ._handover import check_rank, receive_arena
 from ._index import GlobalIndex, GlobalTable
+from ._mooncake import TRANSFER_OFFER, MooncakeTransfer, PulledItems, Puller, decode_offer
 from ._pinning import pin_host, unpin_host
 from ._schema import CpuRef, CudaIpcRef, FabricRef, FeatureEnvelope, InlineRef
 from ._views import _TORCH as _TORCH_DTYPES
@@ -150,9 +152,18 @@ class Consumer:
         device: str | torch.device | None = None,
         replace: bool = False,
         max_backlog: int = 1000,
+        transfer: MooncakeTransfer | None = None,
+        receive_pool_size: int = 1 << 30,
     ) -> None:
         self.rank = check_rank(rank)
         self.closed = True  # until every resource below exists
+        self._puller: Puller | None = None
+        if transfer is not None:
+            if handover is not None:
+                raise ConfigurationError(
+                    "`transfer` is for consumers on other hosts; this one maps the arena"
+                )
+            self._puller = Puller(transfer, receive_pool_size)
         self._decoder = BatchDecoder(limits)
         self._mapping: _Mapping | None = None
         self._handover_conn: socket.socket | None = None
@@ -183,7 +194,13 @@ class Consumer:
         self._sock_lock = threading.Lock()
         self._state_lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
-        join = Join(rank=rank, shared=self._mapping is not None, member=member, replace=replace)
+        join = Join(
+            rank=rank,
+            shared=self._mapping is not None,
+            member=member,
+            replace=replace,
+            pull=self._puller is not None,
+        )
         self._sock.send(ENCODER.encode(join))
         self._batches = 0
         self._opened = 0
@@ -258,6 +275,9 @@ class Consumer:
                 if not self._sock.poll(wait_ms, zmq.POLLIN):
                     return None
                 frames = self._sock.recv_multipart(copy=False)
+            if len(frames) == 2 and frames[0].bytes == TRANSFER_OFFER and self._puller:
+                self._puller.offer = decode_offer(frames[1].bytes)
+                continue
             if len(frames) == 2 and frames[0].bytes == NOTICE:
                 reason = bytes(frames[1].bytes[:1024]).decode("utf-8", "replace")
                 if reason == "ping":  # the producer checking that this connection is up
@@ -288,7 +308,14 @@ class Consumer:
         device = [e for e in mine if isinstance(e.payload, (CudaIpcRef, FabricRef))]
         with self._state_lock:
             self._held.update(leases)
-        return ReceivedBatch(self, batch.envelopes, batch.frames, leases, device)
+        pulled = None
+        if self._puller is not None and leases:
+            try:  # the transfer has completed (or failed): the producer's lease is done
+                pulled = self._puller.pull([e for e in mine if isinstance(e.payload, CpuRef)])
+            finally:
+                self._release(leases)
+            leases = set()
+        return ReceivedBatch(self, batch.envelopes, batch.frames, leases, device, pulled)
 
     def _open_device(self, env: FeatureEnvelope, waited: set[int]) -> torch.Tensor:
         """A device view of an owned pool item, ordered after the producer's copy."""
@@ -319,13 +346,17 @@ class Consumer:
                 continue  # a reference that never named a real slot has nothing to free
             mapping.acknowledge(ref.slot, self.rank, ref.generation)
 
-    def _open_bytes(self, env: FeatureEnvelope, frames: tuple[Any, ...]) -> tuple[Any, int]:
+    def _open_bytes(
+        self, env: FeatureEnvelope, frames: tuple[Any, ...], pulled: PulledItems | None
+    ) -> tuple[Any, int]:
         """The buffer and offset of an owned item's payload, after every check."""
         where = f"item {env.index.value} of request {env.request_id!r}"
         if self.rank not in env.consumers:
             raise NotAConsumer(
                 f"rank {self.rank} is not a consumer of {where} (consumers {list(env.consumers)})"
             )
+        if pulled is not None and env.index.value in pulled.frames:
+            return pulled.frames[env.index.value], 0
         ref = env.payload
         if isinstance(ref, InlineRef):
             return frames[ref.frame], 0
@@ -438,6 +469,8 @@ class Consumer:
             unpin_host(self._mapping.address)
         self._mapping = None
         self._device.close()
+        if self._puller is not None:
+            self._puller.close()
 
     def __enter__(self) -> Consumer:
         return self
@@ -460,6 +493,8 @@ class ReceivedBatch:
     _frames: tuple[Any, ...]
     _leases: set[tuple[int, int]]
     _device: list[FeatureEnvelope] = field(default_factory=list)
+    _pulled: PulledItems | None = None
+    """The owned items read through the transfer engine into the receive pool."""
     released: bool = field(default=False)
     _waited: set[int] = field(default_factory=set)
 
@@ -473,7 +508,7 @@ class ReceivedBatch:
         if self.released:
             raise ClosedResourceError("this batch was released; its payloads may be reused")
         env = self.envelopes[index]
-        buf, off = self._consumer._open_bytes(env, self._frames)
+        buf, off = self._consumer._open_bytes(env, self._frames, self._pulled)
         self._consumer._opened += 1
         self._consumer._opened_bytes += env.tensor.nbytes
         return env, buf, off
@@ -512,6 +547,10 @@ class ReceivedBatch:
             self.released = True
             self._consumer._release(self._leases)
             self._consumer._acknowledge(self._device)
+            pulled, puller = self._pulled, self._consumer._puller
+            if pulled is not None and puller is not None:
+                pulled.frames.clear()
+                puller.free(pulled.start, pulled.generation)
 
     def __enter__(self) -> ReceivedBatch:
         return self

@@ -47,6 +47,8 @@ class Join(msgspec.Struct, frozen=True, tag=True):
     shared: bool
     member: Annotated[bytes, msgspec.Meta(max_length=64)] = b""
     replace: bool = False
+    pull: bool = False
+    """A remote consumer that reads its payloads through the producer's transfer engine."""
 
 
 class Release(msgspec.Struct, frozen=True, tag=True):
@@ -105,6 +107,8 @@ class Member:
     """Its zmq routing id, once joined."""
     shared: bool = False
     """It reads payloads from the arena (else they travel to it as frames)."""
+    pulls: bool = False
+    """A remote member that reads its payloads through the transfer engine."""
     gone: bool = False
 
     def __str__(self) -> str:
@@ -198,6 +202,7 @@ class Members:
             s = self._new(msg.rank, local=False, pid=None, key=key)
         s.ident = ident
         s.shared = msg.shared and s.local
+        s.pulls = msg.pull and not s.local
         self._by_ident[ident] = s
         return s
 

@@ -85,6 +85,7 @@ from ._items import (
     prepare,
     validate,
 )
+from ._mooncake import MooncakeTransfer, TransferSource
 from ._pinning import pin_host, unpin_host
 from ._schema import CpuRef, CudaIpcRef, FabricRef, FeatureEnvelope, InlineRef
 from ._select import BackendChoice
@@ -167,6 +168,10 @@ class Producer:
             and encoded items; hashing costs about a tenth of decoding), ``"all"`` (also
             processed and embedding tensors: +64 % on a 256 MiB publish), ``"none"``. An
             ``Item(digest=...)`` given by the caller is used as it is.
+        transfer: a transfer engine for consumers on other hosts
+            (:class:`MooncakeTransfer`): the arena is registered with it once, and a remote
+            consumer made with the same option reads the items it owns with one-sided
+            reads instead of receiving them as frames through this process.
         reuse: keep released payloads resident in the arena, and point a request whose
             payload is resident at it instead of copying it again (its lease is then
             referenced by both requests); resident payloads are evicted, least recently
@@ -197,8 +202,10 @@ class Producer:
         join_timeout: float = 10.0,
         digests: Literal["images", "all", "none"] = "images",
         reuse: bool = True,
+        transfer: MooncakeTransfer | None = None,
     ) -> None:
         self.closed = True  # until every resource below exists
+        self._transfer: TransferSource | None = None
         if digests not in ("images", "all", "none"):
             raise ConfigurationError(f"`digests` must be images, all or none, got {digests!r}")
         self._decode_pool: ThreadPoolExecutor | None = None
@@ -235,6 +242,12 @@ class Producer:
         self._dir = tempfile.mkdtemp(prefix="mmwire-")
         os.chmod(self._dir, 0o700)
         self.arena = Arena(arena_size, prefault=prefault, retain=reuse)
+        if transfer is not None:
+            try:
+                self._transfer = TransferSource(transfer, self.arena)
+            except BaseException:
+                self.arena.close()
+                raise
         self.digests = digests
         self.reuse = reuse
         self.on_full = on_full
@@ -255,6 +268,7 @@ class Producer:
         self._counts = {"ended": 0, "evicted": 0, "joins": 0, "dropped": 0, "ignored": 0}
         self._noted: set[str] = set()
         self._last_sweep = 0.0
+        self._last_ping = 0.0
         fds = [self.arena.readonly_fd]
         if self._device.fd is not None:
             fds.append(self._device.fd)
@@ -411,6 +425,9 @@ class Producer:
         if now - self._last_sweep > 0.25:
             self._last_sweep = now
             self._members.expire(self.join_timeout)
+            if now - self._last_ping > 1.0:
+                self._last_ping = now
+                self._check_pullers()
             if self.lease_timeout is not None:
                 self._expire_leases(self.lease_timeout)
         if busy:
@@ -443,7 +460,9 @@ class Producer:
         if self._curve:
             with contextlib.suppress(Exception):
                 key = body.get("User-Id").encode()
-        got = self._members.join(ident, msg, key, self._remote_ok, self._connected)
+        got: Member | str = "it asked to pull payloads, and this producer has no `transfer`"
+        if not msg.pull or self._transfer is not None:
+            got = self._members.join(ident, msg, key, self._remote_ok, self._connected)
         if isinstance(got, str):
             self._counts["joins"] += 1
             self._note("join", f"refused a join: {got}")
@@ -452,6 +471,9 @@ class Producer:
                     [ident, NOTICE, f"refused: {got}".encode()], flags=zmq.NOBLOCK
                 )
             return
+        if got.pulls and self._transfer is not None:  # before any batch: zmq keeps order
+            with contextlib.suppress(zmq.ZMQError):
+                self._sock.send_multipart([ident, *self._transfer.frames], flags=zmq.NOBLOCK)
         _log.info("mmwire: %s joined the channel", got)
         self._activity.notify_all()
 
@@ -466,6 +488,13 @@ class Producer:
         except zmq.ZMQError:
             return False  # EHOSTUNREACH: no such peer any more
         return True
+
+    def _check_pullers(self) -> None:
+        """End the remote members that pull and whose connection is gone: their leases
+        wait on releases that will never come (frame receivers' leases end with the send)."""
+        for s in list(self._members.joined()):
+            if s.pulls and not self._connected(s):
+                self._members.end(s, "its channel connection is gone")
 
     def _expire_leases(self, timeout: float) -> None:
         for lease in self.arena.overdue(timeout):
@@ -781,7 +810,8 @@ class Producer:
     def _frames_for(
         self, s: Member, envs: list[FeatureEnvelope], shared_frames: list[Any]
     ) -> tuple[list[Any], bool]:
-        owned = [] if s.shared else [k for k, e in enumerate(envs) if s.rank in e.consumers]
+        remote = not (s.shared or s.pulls)  # pullers read the arena by its references
+        owned = [k for k, e in enumerate(envs) if s.rank in e.consumers] if remote else []
         owned = [k for k in owned if isinstance(envs[k].payload, CpuRef)]
         if not owned:  # same host, or a remote rank that only needs the metadata
             return shared_frames, False
@@ -883,6 +913,8 @@ class Producer:
         if self._auth is not None:
             self._auth.stop()
         self._ctx.term()
+        if self._transfer is not None:
+            self._transfer.close()
         if self._arena_pinned:
             unpin_host(self.arena.address)
         self.arena.close()

@@ -1,0 +1,240 @@
+"""The cross-host backend: payloads pulled through Mooncake's Transfer Engine, for real,
+between processes over loopback TCP (its CPU build; CI installs it and its system
+libraries, and sets ``MMWIRE_REQUIRE_MOONCAKE`` so that a missing engine fails there)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import msgspec
+import numpy as np
+import procs
+import pytest
+from helpers import settle
+from mmwire.transport import (
+    Consumer,
+    CpuRef,
+    CurveKeys,
+    GlobalIndex,
+    Grid,
+    HandoverRefused,
+    Item,
+    MooncakeTransfer,
+    OffsetError,
+    PeerGone,
+    Producer,
+    StaleReference,
+    encode_batch,
+)
+from test_cpu_backend import SPAWN
+
+try:
+    import mooncake.engine  # noqa: F401
+
+    WHY = ""
+except ImportError as e:
+    WHY = str(e)
+if WHY and os.environ.get("MMWIRE_REQUIRE_MOONCAKE"):
+    raise RuntimeError(f"MMWIRE_REQUIRE_MOONCAKE is set and the engine does not import: {WHY}")
+
+pytestmark = pytest.mark.skipif(bool(WHY), reason=f"Mooncake does not import here: {WHY}")
+
+
+def _item(data: np.ndarray[Any, Any], *ranks: int) -> Item:
+    return Item(data, consumers=ranks, kind="embedding", grid=Grid((1, 1)))
+
+
+def _sha(a: np.ndarray[Any, Any]) -> str:
+    return hashlib.sha256(a.tobytes()).hexdigest()
+
+
+@contextmanager
+def _remote_producer(**kw: Any) -> Iterator[tuple[Producer, CurveKeys, CurveKeys]]:
+    server, client = CurveKeys.generate(), CurveKeys.generate()
+    p = Producer(
+        "tcp://127.0.0.1:*",
+        curve=server,
+        curve_clients=[client.public],
+        transfer=MooncakeTransfer(),
+        **kw,
+    )
+    try:
+        yield p, server, client
+    finally:
+        p.close()
+
+
+def _puller(p: Producer, server: CurveKeys, client: CurveKeys, rank: int = 0) -> Consumer:
+    return Consumer(
+        rank,
+        p.endpoint,
+        curve_server_key=server.public,
+        curve=client,
+        transfer=MooncakeTransfer(),
+        receive_pool_size=16 << 20,
+    )
+
+
+def test_a_remote_rank_pulls_its_own_items_and_the_arena_is_free_once_it_has(
+    rng: np.random.Generator,
+) -> None:
+    with _remote_producer(arena_size=1 << 25, reuse=False) as (p, server, client):
+        local = Consumer(
+            0, p.endpoint, handover=p.handover_path, curve_server_key=server.public, curve=client
+        )
+        q, go = SPAWN.Queue(), SPAWN.Queue()
+        proc = SPAWN.Process(
+            target=procs.mooncake_consume, args=(1, p.endpoint, server.public, client, 2, q, go)
+        )
+        proc.start()
+        try:
+            assert q.get(timeout=60)[0] == "joined"
+            p.wait_for_consumers([0, 1], 30)
+            for n in range(2):  # distinct sizes; rank 1 owns some, rank 0 others, one both
+                data = [
+                    rng.integers(0, 256, size, dtype=np.uint8) for size in (3 << 20, 777, 65_537)
+                ]
+                owners = [(1,), (0,), (0, 1)] if n == 0 else [(0,), (1,), (1,)]
+                p.publish(f"r{n}", [_item(d, *o) for d, o in zip(data, owners)])
+                tag, rank, digests, kinds = q.get(timeout=60)
+                assert tag == "batch" and rank == 1
+                assert kinds == ["CpuRef"] * 3  # references travel, not the bytes
+                want = {k: _sha(d) for k, (d, o) in enumerate(zip(data, owners)) if 1 in o}
+                assert digests == want
+                with local.recv(10) as b:
+                    assert all(np.array_equal(b.open(g), data[g.value]) for g in b.owned)
+                # rank 1 still holds its batch, but the transfer is done: nothing is leased
+                assert settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
+                go.put("release")
+            assert q.get(timeout=30)[0] == "done"
+        finally:
+            proc.join(30)
+            local.close()
+        assert proc.exitcode == 0
+        assert p.statistics().arena.bytes_in_use == 0
+
+
+def test_a_producer_without_a_transfer_engine_refuses_a_pulling_join() -> None:
+    server, client = CurveKeys.generate(), CurveKeys.generate()
+    p = Producer("tcp://127.0.0.1:*", curve=server, curve_clients=[client.public])
+    c = Consumer(
+        0, p.endpoint, curve_server_key=server.public, curve=client, transfer=MooncakeTransfer()
+    )
+    try:
+        with pytest.raises(HandoverRefused, match="no `transfer`"):
+            c.recv(10)
+        assert p.statistics().consumers == ()
+    finally:
+        c.close()
+        p.close()
+
+
+def test_forged_and_stale_references_are_refused_and_the_rank_keeps_serving() -> None:
+    with _remote_producer(arena_size=1 << 22, reuse=False) as (p, server, client):
+        c = _puller(p, server, client)
+        try:
+            p.wait_for_consumers([0], 30)
+            first = np.full(5000, 7, np.uint8)
+            p.publish("old", [_item(first, 0)])
+            with c.recv(10) as b:
+                old = list(b.envelopes.values())
+                assert np.array_equal(b.open(GlobalIndex(0)), first)
+            assert settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
+            p.publish("new", [_item(np.full(5000, 9, np.uint8), 0)])  # the same range, reused
+            with c.recv(10) as b:
+                assert int(b.open(GlobalIndex(0))[0]) == 9
+            ref = old[0].payload
+            assert isinstance(ref, CpuRef)
+
+            def forged(**change: Any) -> list[Any]:
+                env = msgspec.structs.replace(
+                    old[0], payload=msgspec.structs.replace(ref, **change)
+                )
+                return encode_batch([env])
+
+            with pytest.raises(StaleReference, match="generation"):  # read, then refused
+                c.decode(encode_batch(old))
+            with pytest.raises(StaleReference, match="not the offered one"):
+                c.decode(forged(arena_id="f" * 32))
+            with pytest.raises(OffsetError, match="outside the offered arena"):
+                c.decode(forged(offset=(1 << 22) - 100))
+            with pytest.raises(OffsetError, match="outside lease"):
+                c.decode(forged(offset=ref.lease))
+            last = np.arange(3000, dtype=np.uint8)
+            p.publish("after", [_item(last, 0)])
+            with c.recv(10) as b:
+                assert np.array_equal(b.open(GlobalIndex(0)), last)
+            # the refused batches' releases named leases this member no longer holds
+            assert settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
+        finally:
+            c.close()
+
+
+def test_a_remote_rank_killed_before_it_pulls_frees_its_leases() -> None:
+    with _remote_producer(arena_size=1 << 24) as (p, server, client):
+        q, go = SPAWN.Queue(), SPAWN.Queue()
+        proc = SPAWN.Process(
+            target=procs.mooncake_consume, args=(0, p.endpoint, server.public, client, 5, q, go)
+        )
+        proc.start()
+        try:
+            _, _, pid = q.get(timeout=60)
+            p.wait_for_consumers([0], 30)
+            os.kill(pid, signal.SIGSTOP)  # it never pulls
+            for n in range(3):
+                p.publish(f"r{n}", [_item(np.full(1 << 20, n, np.uint8), 0)])
+            assert p.statistics().arena.leases_outstanding == 3
+            os.kill(pid, signal.SIGKILL)
+            # its connection's heartbeat lapses, its member ends, and its leases go back
+            assert settle(p, lambda: p.statistics().arena.leases_outstanding == 0, timeout=40)
+            assert p.statistics().consumers == ()
+        finally:
+            proc.join(10)
+        # the producer serves a new rank 0 in its place
+        c = _puller(p, server, client)
+        try:
+            p.wait_for_consumers([0], 30)
+            p.publish("again", [_item(np.full(100, 5, np.uint8), 0)])
+            with c.recv(10) as b:
+                assert b.open(GlobalIndex(0)).tolist() == [5] * 100
+        finally:
+            c.close()
+
+
+def test_a_producer_killed_before_the_pull_gives_the_rank_a_typed_error() -> None:
+    client = CurveKeys.generate()
+    q = SPAWN.Queue()
+    proc = SPAWN.Process(target=procs.mooncake_produce_then_hang, args=(client.public, q))
+    proc.start()
+    c = None
+    try:
+        endpoint, server_key = q.get(timeout=60)
+        c = Consumer(
+            0,
+            endpoint,
+            curve_server_key=server_key,
+            curve=client,
+            transfer=MooncakeTransfer(),
+            receive_pool_size=8 << 20,
+        )
+        assert q.get(timeout=60) == "sent"
+        proc.kill()
+        proc.join(10)
+        t0 = time.monotonic()
+        with pytest.raises(PeerGone, match="failed"):
+            c.recv(30)
+        assert time.monotonic() - t0 < 20
+        with pytest.raises(TimeoutError):  # nothing left half-received
+            c.recv(0.5)
+    finally:
+        if c is not None:
+            c.close()
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
