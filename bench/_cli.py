@@ -42,7 +42,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="comma-separated payload sizes (K/M suffixes)",
     )
     tr.add_argument("--consumers", default="1,2,4,8", help="comma-separated rank counts")
-    tr.add_argument("--methods", default="mmwire,pickle,oob,segment,tmp_queue")
+    tr.add_argument(
+        "--methods",
+        default="mmwire,pickle,oob,segment,tmp_queue,zmq_frames,mooncake_tcp,pickle_tcp",
+        help="the last three reach a rank on another host (run with one rank over TCP)",
+    )
     tr.add_argument("--seconds", type=float, default=2.0, help="time budget per cell")
     pre = sub.add_parser("preprocess", help="CPU preprocessing vs the reference processor's way")
     pre.add_argument("--threads", type=int, default=2)

@@ -20,6 +20,7 @@ import secrets
 import shutil
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ import numpy as np
 import torch
 import torch.multiprocessing as tmp
 import zmq
-from mmwire.transport import Grid, Item, Producer
+from mmwire.transport import BackendUnavailable, Grid, Item, Producer
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -96,14 +97,15 @@ class _Mmwire(_Method):
 
 
 class _ZmqFanout(_Method):
-    def __init__(self, n: int, target: Callable[..., None]) -> None:
+    def __init__(self, n: int, target: Callable[..., None], tcp: bool = False) -> None:
         super().__init__(n)
         self.tmp = tempfile.mkdtemp(prefix="mmwire-bench-")
         self.ctx: zmq.Context[Any] = zmq.Context()
-        eps = [f"ipc://{self.tmp}/{self.name}{r}" for r in range(n)]
         self.socks = [self.ctx.socket(zmq.PUSH) for _ in range(n)]
-        for s, ep in zip(self.socks, eps):
-            s.bind(ep)
+        eps = []
+        for r, s in enumerate(self.socks):
+            s.bind("tcp://127.0.0.1:*" if tcp else f"ipc://{self.tmp}/{self.name}{r}")
+            eps.append(s.getsockopt_string(zmq.LAST_ENDPOINT))
         self.ranks = Ranks(target, n, lambda r: (eps[r],))
 
     def close(self) -> None:
@@ -135,6 +137,42 @@ class _Pickle(_ZmqFanout):
     def stop(self) -> None:
         for s in self.socks:
             s.send(pickle.dumps({"rid": "stop"}))
+
+
+class _PickleTcp(_Pickle):
+    """Pickle over zmq on TCP: how the peers reach a rank on another host."""
+
+    name = "pickle_tcp"
+
+    def __init__(self, n: int) -> None:
+        _ZmqFanout.__init__(self, n, _workers.pickle_rank, tcp=True)
+
+
+class _Remote(_Mmwire):
+    """mmwire to a rank on another host (here over loopback): the payload as zmq frames
+    from the arena (``zmq_frames``), or pulled by the rank through Mooncake's Transfer
+    Engine over TCP (``mooncake_tcp``)."""
+
+    def __init__(self, n: int, max_bytes: int, pull: bool) -> None:
+        _Method.__init__(self, n)
+        from mmwire.transport import MooncakeTransfer
+
+        self.name = "mooncake_tcp" if pull else "zmq_frames"
+        with warnings.catch_warnings():  # loopback: the channel needs no CURVE here
+            warnings.simplefilter("ignore", RuntimeWarning)
+            self.p = Producer(
+                "tcp://127.0.0.1:*",
+                arena_size=max(64 << 20, 3 * max_bytes + (16 << 20)),
+                full_timeout=30,
+                allow_insecure_tcp=True,
+                transfer=MooncakeTransfer() if pull else None,
+            )
+        pool = max(64 << 20, 2 * max_bytes + (16 << 20))
+        self.ranks = Ranks(_workers.remote_rank, n, lambda r: (self.p.endpoint, pull, pool))
+        self.p.wait_for_consumers(range(n), 60)
+
+    def copies(self, nbytes: int) -> int:
+        return 2 * nbytes  # the write into the arena, then the network's copy to the rank
 
 
 class _Oob(_ZmqFanout):
@@ -217,12 +255,25 @@ class _TmpQueue(_Method):
 PEERS = ("pickle", "oob", "segment", "tmp_queue")
 """The engines' ways of moving a tensor to every rank that the benchmarks set beside mmwire."""
 
+CROSS_HOST = ("zmq_frames", "mooncake_tcp", "pickle_tcp")
+"""The ways to a rank on another host, run with one rank over loopback TCP."""
+
 
 def make_method(name: str, n: int, max_bytes: int = 64 << 20) -> _Method:
-    """Method ``name`` (mmwire or one of ``PEERS``) with ``n`` ranks started and ready."""
+    """Method ``name`` (mmwire, one of ``PEERS`` or ``CROSS_HOST``) with ``n`` ranks started
+    and ready."""
     if name == "mmwire":
         return _Mmwire(n, max_bytes)
-    return {"pickle": _Pickle, "oob": _Oob, "segment": _Segment, "tmp_queue": _TmpQueue}[name](n)
+    if name in ("zmq_frames", "mooncake_tcp"):
+        return _Remote(n, max_bytes, pull=name == "mooncake_tcp")
+    peers = {
+        "pickle": _Pickle,
+        "oob": _Oob,
+        "segment": _Segment,
+        "tmp_queue": _TmpQueue,
+        "pickle_tcp": _PickleTcp,
+    }
+    return peers[name](n)
 
 
 def run_transport(
@@ -237,43 +288,52 @@ def run_transport(
     console = console or Console()
     samples: list[dict[str, Any]] = []
     with Progress(console=console, transient=True) as bar:
-        task = bar.add_task("transport", total=len(methods) * len(consumers) * len(sizes))
-        for n in consumers:
-            for name in methods:
+        cells = [(n, name) for n in consumers for name in methods if name not in CROSS_HOST]
+        cells += [(1, name) for name in methods if name in CROSS_HOST]  # one remote rank
+        task = bar.add_task("transport", total=len(cells) * len(sizes))
+        for n, name in cells:
+            try:
                 method = make_method(name, n, max(sizes))
-                try:
-                    for size in sizes:
-                        bar.update(task, description=f"{name} x{n} {size >> 10} KiB")
-                        tensor = torch.from_numpy(
-                            np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8)
-                        )
-                        lat: list[float] = []
-                        cpu0, wall0 = _cpu_s(), time.perf_counter()
-                        reps = 0
-                        while reps < 3 or (time.perf_counter() - wall0 < seconds and reps < 200):
-                            t0 = time.perf_counter()
-                            method.send(f"{reps}", tensor)
-                            done = method.ranks.wait("done", n)
-                            lat.append(max(d[3] for d in done) - t0)
-                            method.round_done()
-                            reps += 1
-                        wall = time.perf_counter() - wall0
-                        samples.append(
-                            {
-                                "method": name,
-                                "consumers": n,
-                                "bytes": size,
-                                "latency_s": lat,
-                                "throughput_GBps": size * reps / wall / 1e9,
-                                "copied_bytes": method.copies(size),
-                                "cpu_s_per_publish": (_cpu_s() - cpu0) / reps,
-                            }
-                        )
-                        bar.advance(task)
-                finally:
-                    method.close()
+            except BackendUnavailable as e:  # the transfer engine is an optional extra
+                console.print(f"transport: {name} skipped: {e}")
+                bar.advance(task, len(sizes))
+                continue
+            try:
+                for size in sizes:
+                    bar.update(task, description=f"{name} x{n} {size >> 10} KiB")
+                    tensor = torch.from_numpy(
+                        np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8)
+                    )
+                    lat: list[float] = []
+                    cpu0, wall0 = _cpu_s(), time.perf_counter()
+                    reps = 0
+                    while reps < 3 or (time.perf_counter() - wall0 < seconds and reps < 200):
+                        t0 = time.perf_counter()
+                        method.send(f"{reps}", tensor)
+                        done = method.ranks.wait("done", n)
+                        lat.append(max(d[3] for d in done) - t0)
+                        method.round_done()
+                        reps += 1
+                    wall = time.perf_counter() - wall0
+                    samples.append(
+                        {
+                            "method": name,
+                            "consumers": n,
+                            "bytes": size,
+                            "latency_s": lat,
+                            "throughput_GBps": size * reps / wall / 1e9,
+                            "copied_bytes": method.copies(size),
+                            "cpu_s_per_publish": (_cpu_s() - cpu0) / reps,
+                        }
+                    )
+                    bar.advance(task)
+            finally:
+                method.close()
     table = render_table({"samples": samples})
+    cross = render_cross_host_table({"samples": samples})
     console.print(table)
+    if cross is not None:
+        console.print(cross)
     folder = write_run(
         "transport",
         {
@@ -283,9 +343,13 @@ def run_transport(
                 "owner = rank 0; mmwire's other ranks receive the envelope only, peers send the "
                 "payload to every rank",
                 "copied_bytes is the model of each path's copies per publish, not a measurement",
+                "cross-host ways: one rank on loopback TCP (no RDMA here); zmq_frames sends the "
+                "arena's bytes as zmq frames, mooncake_tcp lets the rank pull them through "
+                "Mooncake's Transfer Engine, pickle_tcp pickles over zmq",
             ],
         },
         table,
+        extra_tables=[] if cross is None else [cross],
         plot=lambda path: _plot(samples, methods, path),
         out_dir=out_dir,
     )
@@ -296,7 +360,7 @@ def run_transport(
 def render_table(payload: dict[str, Any]) -> Table:
     """p50 ms per rank count and size, each peer's with its ratio to mmwire's (also
     re-renders a saved ``results.json``)."""
-    samples = payload["samples"]
+    samples = [s for s in payload["samples"] if s["method"] not in CROSS_HOST]
     methods = list(dict.fromkeys(s["method"] for s in samples))
     table = Table(title="publish -> every owner holds a usable tensor: p50 ms (x mmwire's)")
     for col in ("ranks", "size", *methods):
@@ -309,12 +373,37 @@ def render_table(payload: dict[str, Any]) -> Table:
     return table
 
 
-def _cell(p50: dict[str, float], method: str) -> str:
+def render_cross_host_table(payload: dict[str, Any]) -> Table | None:
+    """p50 ms per size of the ways to a rank on another host, against zmq frames (``None``
+    if the run had none)."""
+    samples = [s for s in payload["samples"] if s["method"] in CROSS_HOST]
+    if not samples:
+        return None
+    methods = [m for m in CROSS_HOST if any(s["method"] == m for s in samples)]
+    table = Table(
+        title="to a rank on another host (loopback TCP, 1 rank): p50 ms (x zmq_frames'), GB/s"
+    )
+    for col in ("size", *methods):
+        table.add_column(col, justify="right")
+    for size in sorted({s["bytes"] for s in samples}):
+        cells = {s["method"]: s for s in samples if s["bytes"] == size}
+        p50 = {m: percentile(c["latency_s"], 50) * 1e3 for m, c in cells.items()}
+        table.add_row(
+            _size(size),
+            *(
+                f"{_cell(p50, m, 'zmq_frames')}, {size / p50[m] / 1e6:.2f}" if m in p50 else "-"
+                for m in methods
+            ),
+        )
+    return table
+
+
+def _cell(p50: dict[str, float], method: str, base_method: str = "mmwire") -> str:
     if method not in p50:
         return "-"
     value = f"{p50[method]:.1f}" if p50[method] >= 10 else f"{p50[method]:.2f}"
-    base = p50.get("mmwire")
-    if method == "mmwire" or base is None:
+    base = p50.get(base_method)
+    if method == base_method or base is None:
         return value
     return f"{value} ({p50[method] / base:.1f}x)"
 

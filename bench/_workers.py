@@ -108,6 +108,27 @@ def mmwire_rank(
             _say(out, "done", rank, rid, time.perf_counter(), nbytes)
 
 
+def remote_rank(rank: int, endpoint: str, pull: bool, pool: int, report: str) -> None:
+    """A mmwire rank on "another host": no handover; its items arrive as zmq frames, or it
+    pulls them through Mooncake's Transfer Engine (``pull``)."""
+    from mmwire.transport import Consumer, MooncakeTransfer, PeerGone
+
+    ctx, out = _reporter(report)
+    transfer = MooncakeTransfer() if pull else None
+    consumer = Consumer(rank, endpoint, transfer=transfer, receive_pool_size=pool)
+    try:
+        _say(out, "ready", rank, "", 0.0)
+        for rid, batch in _requests(consumer):
+            nbytes = sum(batch.open_tensor(g).numel() for g in batch.owned)
+            _say(out, "done", rank, rid, time.perf_counter(), nbytes)
+    except PeerGone:
+        pass
+    finally:
+        consumer.close()
+        out.close(0)
+        ctx.term()
+
+
 def _pull_rank(
     rank: int,
     endpoint: str,
