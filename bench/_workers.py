@@ -69,14 +69,14 @@ def _requests(consumer: Any) -> Iterator[tuple[str, Any]]:
 
 @contextmanager
 def _mmwire_session(
-    rank: int, endpoint: str, handover: str, report: str
+    rank: int, endpoint: str, handover: str | None, report: str, **options: Any
 ) -> Iterator[tuple[zmq.Socket[Any], Any]]:
-    """A mmwire rank's reporter and consumer; the producer going away ends the session, and
-    both are closed however it ends."""
+    """A mmwire rank's reporter and consumer (``Consumer`` ``options``); the producer going
+    away ends the session, and both are closed however it ends."""
     from mmwire.transport import Consumer, PeerGone
 
     ctx, out = _reporter(report)
-    consumer = Consumer(rank, endpoint, handover=handover)
+    consumer = Consumer(rank, endpoint, handover=handover, **options)
     try:
         yield out, consumer
     except PeerGone:
@@ -111,22 +111,15 @@ def mmwire_rank(
 def remote_rank(rank: int, endpoint: str, pull: bool, pool: int, report: str) -> None:
     """A mmwire rank on "another host": no handover; its items arrive as zmq frames, or it
     pulls them through Mooncake's Transfer Engine (``pull``)."""
-    from mmwire.transport import Consumer, MooncakeTransfer, PeerGone
+    from mmwire.transport import MooncakeTransfer
 
-    ctx, out = _reporter(report)
     transfer = MooncakeTransfer() if pull else None
-    consumer = Consumer(rank, endpoint, transfer=transfer, receive_pool_size=pool)
-    try:
+    options = {"transfer": transfer, "receive_pool_size": pool}
+    with _mmwire_session(rank, endpoint, None, report, **options) as (out, consumer):
         _say(out, "ready", rank, "", 0.0)
         for rid, batch in _requests(consumer):
             nbytes = sum(batch.open_tensor(g).numel() for g in batch.owned)
             _say(out, "done", rank, rid, time.perf_counter(), nbytes)
-    except PeerGone:
-        pass
-    finally:
-        consumer.close()
-        out.close(0)
-        ctx.term()
 
 
 def _pull_rank(
