@@ -4,6 +4,7 @@ libraries, and sets ``MMWIRE_REQUIRE_MOONCAKE`` so that a missing engine fails t
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import signal
@@ -18,6 +19,7 @@ import procs
 import pytest
 from helpers import settle
 from mmwire.transport import (
+    AsyncConsumer,
     Consumer,
     CpuRef,
     CurveKeys,
@@ -29,6 +31,7 @@ from mmwire.transport import (
     OffsetError,
     PeerGone,
     Producer,
+    ProducerAddress,
     StaleReference,
     encode_batch,
 )
@@ -238,3 +241,51 @@ def test_a_producer_killed_before_the_pull_gives_the_rank_a_typed_error() -> Non
         proc.join(10)
         if proc.is_alive():
             proc.kill()
+
+
+def test_an_asyncio_rank_of_two_producers_pulls_from_both() -> None:
+    """``transfer`` passes through AsyncConsumer and ConsumerGroup to each producer's
+    consumer: one receive pool and one offer per producer."""
+
+    async def run(a: Producer, b: Producer, server: CurveKeys, client: CurveKeys) -> None:
+        c = AsyncConsumer(
+            0,
+            [ProducerAddress(a.endpoint), ProducerAddress(b.endpoint)],
+            curve_server_key=server.public,
+            curve=client,
+            transfer=MooncakeTransfer(),
+            receive_pool_size=4 << 20,
+        )
+        try:
+            for p in (a, b):
+                await asyncio.to_thread(p.wait_for_consumers, [0], 30)
+            a.publish("from-a", [_item(np.full(70_001, 1, np.uint8), 0)])
+            b.publish("from-b", [_item(np.full(30_003, 2, np.uint8), 0)])
+            got = {}
+            for _ in range(2):
+                async with c.recv(10) as batch:
+                    env = batch.envelopes[GlobalIndex(0)]
+                    got[env.request_id] = batch.open(GlobalIndex(0)).copy()
+            assert got["from-a"].tolist() == [1] * 70_001
+            assert got["from-b"].tolist() == [2] * 30_003
+        finally:
+            c.close()
+
+    server, client = CurveKeys.generate(), CurveKeys.generate()
+    producers = [
+        Producer(
+            "tcp://127.0.0.1:*",
+            arena_size=1 << 22,
+            curve=server,
+            curve_clients=[client.public],
+            transfer=MooncakeTransfer(),
+        )
+        for _ in range(2)
+    ]
+    try:
+        asyncio.run(run(*producers, server, client))
+        for p in producers:
+            assert settle(p, lambda p=p: p.statistics().arena.leases_outstanding == 0)
+    finally:
+        for p in producers:
+            p.close()
