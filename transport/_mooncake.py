@@ -161,11 +161,10 @@ class Puller:
         offer = self.offer
         if offer is None:
             raise PeerGone("the producer sent a batch to pull before its transfer offer")
-        for env in envelopes:
-            _check(env, offer)
-        # each item's bytes, then the 16-byte header of each distinct lease
-        leases = sorted({(e.payload.lease, e.payload.generation) for e in envelopes})  # type: ignore[union-attr]
-        sizes = [e.tensor.nbytes for e in envelopes] + [LEASE_HEADER] * len(leases)
+        refs = [_checked(env, offer) for env in envelopes]
+        # each item's bytes, then the header of each distinct lease
+        leases = sorted({(r.lease, r.generation) for r in refs})
+        sizes = [r.length for r in refs] + [LEASE_HEADER] * len(leases)
         with self._lock:
             lease = self.pool.try_allocate(sizes, {0})
         if lease is None:
@@ -174,8 +173,7 @@ class Puller:
                 "release batches sooner or give a larger `receive_pool_size`"
             )
         try:
-            refs = [e.payload for e in envelopes]
-            remote = [offer.base + r.offset for r in refs]  # type: ignore[union-attr]
+            remote = [offer.base + r.offset for r in refs]
             remote += [offer.base + start for start, _ in leases]
             local = [self.pool.address + off for off, _ in lease.slots]
             rc = self._engine.read(offer.session, local, remote, sizes)
@@ -208,8 +206,9 @@ class Puller:
         self.pool.close()
 
 
-def _check(env: FeatureEnvelope, offer: TransferOffer) -> None:
-    """A reference the producer could have made in the arena it offered, or an error."""
+def _checked(env: FeatureEnvelope, offer: TransferOffer) -> CpuRef:
+    """The item's reference, if the producer could have made it in the arena it offered;
+    else a typed error."""
     ref = env.payload
     where = f"item {env.index.value} of request {env.request_id!r}"
     if not isinstance(ref, CpuRef):
@@ -225,3 +224,4 @@ def _check(env: FeatureEnvelope, offer: TransferOffer) -> None:
             f"{where}: bytes {ref.offset}..{ref.offset + ref.length} lie outside the offered "
             f"arena of {offer.size} bytes"
         )
+    return ref
