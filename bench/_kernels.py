@@ -7,7 +7,7 @@
     pad, affine normalise, ``view``/``permute`` patchify, cast;
 (c) Pillow on the CPU (``mmwire.materialize.preprocess_images``, the exact reference);
 (d) for the Qwen-VL rows, transformers' own image processor with its torchvision backend on
-    the GPU (``Qwen2VLImageProcessor(device="cuda")``), the way engines run Qwen today, where
+    the GPU (``Qwen2VLImageProcessor(device="cuda")``), the way engines run Qwen, where
     transformers and torchvision are installed.
 Also the owner's end-to-end time with the H2D upload from registered vs pageable memory,
 and the kernel time against the HBM floor (bytes read + written at 4.8 TB/s, and at the

@@ -208,7 +208,7 @@ def _tile_cost(window: tuple[int, int, int, int], passes: tuple[int, int]) -> fl
 
 def _tile_shapes(most: int) -> list[list[tuple[int, int]]]:
     """Tile shapes (patches down, across) by area, largest first, from ``most`` patches down
-    to one, each no more than 2:1 (8 x 2 tiles lost to 4 x 4 on the H200)."""
+    to one, each no more than 2:1 (8 x 2 tiles are slower than 4 x 4)."""
     levels = []
     area = 1 << (max(most, 1).bit_length() - 1)
     while area >= 1:
@@ -385,8 +385,8 @@ def _mma_measure(job: ImageJob, patch: int, v_first: bool, raw: bool = False) ->
         out, mid = 16 * my * _mma_pitch(tw), 16 * m1 * _mma_pitch(lines)
         need = job.ch * (max(lines * _mma_pitch(inputs), out) + mid) + 2 * 32 * ks
         if raw:  # or staged raw (one plane of rows, the lanes' reads reaching further; each
-            # group of 8 rows MMA_GROUP_SHIFT further on): the larger of the two, as when
-            # the kernel staged planes from a source off a word (the tile shapes measured)
+            # group of 8 rows MMA_GROUP_SHIFT further on): the larger of the two, so the
+            # tile fits either way its window is staged
             window = lines * _mma_pitch(job.ch * uc + 12) + lines // 8 * MMA_GROUP_SHIFT
             raw_need = max(window, job.ch * out) + job.ch * (mid + 32 * ks) + 16 + 32 * ks
             need = max(need, raw_need)

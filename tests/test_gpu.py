@@ -228,9 +228,8 @@ def test_cuda_overlapping_launches_end_before_the_streams_next_work(
     # the gray plain launch may start while the (long) RGB mixed launch before it
     # finishes; what the stream runs next must still see every patch: read `out`, filled
     # with NaN first, on the GPU right after each call (a host copy would be too slow to
-    # catch it). The order a caller relies on;
-    # removing the kernel's wait did not break it on the H200's driver
-    # (bench/results/20261201-overlap), so this is no check of that line
+    # catch it). The order a caller relies on; the driver may keep it even without the
+    # kernel's wait, so this guards the order, not that line
     from kernel_cases import differing
     from mmwire.kernels import pack, preprocess_packed
     from mmwire.materialize import ProcessorConfig, preprocess_images

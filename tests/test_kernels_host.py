@@ -581,9 +581,9 @@ def test_narrow_fragments_hold_each_blocks_weights_in_lane_order(
 
 
 def test_mma_tiles_of_the_mixed_batchs_photos_are_the_shapes_measured_fastest() -> None:
-    # bench/results/20261202-mma-tile-shapes: 2 x 8 for the 4000 x 3000 photo (71.3 KiB,
-    # which 71.5 KiB lets in) and 3 x 8 for the 3000 x 2000 one, against the former 3 x 5
-    # and 5 x 5; a larger budget gives fewer, larger tiles
+    # the fastest shapes on the mixed batch: 2 x 8 for the 4000 x 3000 photo (71.3 KiB,
+    # which the 71.5 KiB budget lets in) and 3 x 8 for the 3000 x 2000 one; a larger
+    # budget gives fewer, larger tiles
     from mmwire.kernels._descriptors import MMA_SMEM_BYTES
 
     shapes = []

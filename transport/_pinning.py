@@ -1,7 +1,7 @@
 """Page-locking the arena's mappings with ``cudaHostRegister``, once per mapping.
 
-A registered mapping is copied to and from the GPU by DMA at PCIe speed (55 GB/s measured
-on an H200 host); an unregistered one is staged through pageable bounce buffers. The
+A registered mapping is copied to and from the GPU by DMA at PCIe speed (55 GB/s on an
+H200 host); an unregistered one is staged through pageable bounce buffers. The
 producer registers its writable mapping for CUDA items that travel through the host; a
 consumer registers its read-only mapping for uploads (``Consumer.register_with_cuda``).
 """

@@ -741,7 +741,7 @@ class Producer:
 
     def _pin_arena(self) -> None:
         """Register the arena with CUDA once, so CUDA items that travel through the host
-        are copied in by DMA at PCIe speed (pageable copies ran at about 1 GB/s). A driver
+        are copied in by DMA at PCIe speed (pageable copies run at about 1 GB/s). A driver
         that refuses leaves the copies pageable, with one warning."""
         if self._arena_pinned is not None:
             return
