@@ -284,7 +284,7 @@ def gpu_decode_accuracy(requests: list[list[bytes]], device: str) -> dict[str, A
     worst = 0
     abs_sum = 0.0
     for want, got in zip(exact, approx):
-        diff = (got.permute(1, 2, 0).cpu().numpy().astype(np.int16) - want).__abs__()
+        diff = np.abs(got.permute(1, 2, 0).cpu().numpy().astype(np.int16) - want)
         total += diff.size
         differ += int((diff > 0).sum())
         worst = max(worst, int(diff.max()))
@@ -303,7 +303,7 @@ def gpu_decode_accuracy(requests: list[list[bytes]], device: str) -> dict[str, A
 def render_table(payload: dict[str, Any]) -> Table:
     """The run's table (also re-renders a saved ``results.json``): per rate and way, the
     TTFT proxy's percentiles, throughput, MiB shipped, the tokenizer's CPU ms a request,
-    and p50 against raw's on the same owner device (today's deferral) and eager's."""
+    and p50 against raw's on the same owner device (deferred decoded pixels) and eager's."""
     rows = payload["rows"]
     service = payload["eager_service_s"]
     devices = payload.get("devices") or [payload.get("device", "cpu")]

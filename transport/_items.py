@@ -312,11 +312,8 @@ def _on_gpu(where: str, item: Item, data: torch.Tensor) -> PreparedItem:
     the arena (not into a staging buffer first) when the lease is written."""
     t = data.detach().contiguous()
     name = str(t.dtype).removeprefix("torch.")
-    if name not in DTYPES:
-        raise InvalidRequest(f"{where}: dtype `{name}` is not in the whitelist {sorted(DTYPES)}")
-    if t.ndim == 0 or t.numel() == 0:
-        raise InvalidRequest(f"{where}: an empty tensor of shape {list(t.shape)}")
     dims = tuple(int(d) for d in t.shape)
+    _check_elements(where, name, dims)
     return PreparedItem(item, None, name, dims, _spec(item, dims, where), cuda=t)
 
 
@@ -338,11 +335,16 @@ def _as_array(data: Any, where: str) -> tuple[np.ndarray[Any, Any], str]:
         )
     arr = np.ascontiguousarray(arr)
     name = arr.dtype.name
-    if name not in DTYPES:
-        raise InvalidRequest(f"{where}: dtype `{name}` is not in the whitelist {sorted(DTYPES)}")
-    if arr.ndim == 0 or arr.size == 0:
-        raise InvalidRequest(f"{where}: an empty array of shape {list(arr.shape)}")
+    _check_elements(where, name, arr.shape)
     return arr, name
+
+
+def _check_elements(where: str, dtype: str, shape: tuple[int, ...]) -> None:
+    """``InvalidRequest`` for a dtype that may not travel or a payload with no elements."""
+    if dtype not in DTYPES:
+        raise InvalidRequest(f"{where}: dtype `{dtype}` is not in the whitelist {sorted(DTYPES)}")
+    if len(shape) == 0 or math.prod(shape) == 0:
+        raise InvalidRequest(f"{where}: an empty array of shape {list(shape)}")
 
 
 def envelope(
