@@ -1,8 +1,9 @@
 """The owner's cache of materialised outputs: a repeated image costs neither upload nor kernels.
 
-Keyed by the payload's content (XXH3-128 of the bytes this rank received -- recomputed
-here, never taken from the envelope, so a producer's wrong digest cannot make this rank
-serve another image's features), the item's preprocessing spec and the output dtype. The
+Keyed by the payload's content (BLAKE3 of the bytes this rank received -- recomputed here,
+never taken from the envelope, so neither a wrong digest nor a client's chosen collision can
+make this rank serve another image's features), the item's preprocessing spec and the
+output dtype. The
 entries are the item's rows of ``pixel_values`` on the device they were made on, kept
 within a byte budget, least recently used evicted first.
 """
@@ -13,9 +14,9 @@ import collections
 from dataclasses import dataclass
 from typing import Any, final
 
+import blake3
 import msgspec
 import torch
-import xxhash
 from mmwire.transport import PreprocessSpec
 
 __all__ = ["CacheStatistics", "OutputCache", "output_key"]
@@ -43,7 +44,9 @@ class CacheStatistics:
 
 def output_key(payload: Any, spec: PreprocessSpec, dtype: torch.dtype) -> CacheKey:
     """The cache key of a raw or encoded item: its payload bytes' digest, spec and dtype."""
-    digest = xxhash.xxh3_128_hexdigest(memoryview(payload).cast("B"))
+    body = memoryview(payload).cast("B")
+    threads = blake3.blake3.AUTO if body.nbytes >= 1 << 20 else 1
+    digest = blake3.blake3(body, max_threads=threads).hexdigest()
     return digest, msgspec.msgpack.encode(spec), str(dtype)
 
 

@@ -83,44 +83,55 @@ def test_digests_name_the_content_whatever_form_carried_it() -> None:
                         consumers=(0,),
                         kind="embedding",
                         grid=Grid((1, 2, 2)),
-                        digest="mm:7",
+                        caller_key="mm:7",
                     ),
                 ],
             )
+            assert [e.caller_key for e in envs] == [None] * 7 + ["mm:7"]
             return [e.digest for e in envs]
 
     with Producer(arena_size=16 << 20) as p:
         d = publish(p)
     images = d[:6]
-    assert all(x is not None and x.startswith("xxh3-128:") and len(x) == 41 for x in images)
+    assert all(x is not None and x.startswith("blake3:") and len(x) == 71 for x in images)
     assert d[0] == d[1]  # the same bytes, as bytes or bytearray
     assert d[2] == d[3]  # pixels as an array or as the PIL image holding them
     assert len({d[0], d[2], d[4], d[5]}) == 4  # other content, or shipped otherwise
-    assert d[6] is None and d[7] == "mm:7"  # tensors: only with digests="all", or the caller's
+    assert d[6] is None and d[7] is None  # tensors: only with digests="all"; never the caller's
     with Producer(arena_size=16 << 20, digests="all") as p:
         every = publish(p)
-    assert every[:6] == images and every[6] is not None and every[6].startswith("xxh3-128:")
+    assert every[:6] == images and every[6] is not None and every[6].startswith("blake3:")
+    assert every[7] == every[6]  # the caller's key does not enter the digest
     with Producer(arena_size=16 << 20, digests="none") as p:
-        assert publish(p) == [None] * 7 + ["mm:7"]
+        assert publish(p) == [None] * 8
     with pytest.raises(ConfigurationError, match="`digests` must be"):
         Producer(arena_size=1 << 20, digests="yes")  # type: ignore[arg-type]
 
 
-def test_an_engines_own_digest_is_reused_without_hashing() -> None:
-    a = torch.arange(64, dtype=torch.float32).reshape(8, 8)
-    with Producer(arena_size=16 << 20) as p, Consumer(0, p.endpoint, handover=p.handover_path) as c:
-        p.wait_for_consumers([0], 10)
-        item = Item(a, consumers=(0,), kind="embedding", grid=Grid((1, 2, 4)), digest="vllm:ab12")
-        first, second = p.publish("x", [item]), p.publish("y", [item])
-        assert first[0].payload == second[0].payload
-        assert p.statistics().arena.payloads_reused == 1
-        for _ in range(2):
-            with c.recv(10) as batch:
-                assert torch.equal(batch.open_tensor(GlobalIndex(0)), a)
-        with pytest.raises(InvalidRequest, match="`digest` must be"):
-            p.publish(
-                "z", [Item(a, consumers=(0,), kind="embedding", grid=Grid((1, 2, 4)), digest="")]
+def test_a_callers_key_travels_beside_the_digest_and_never_selects_a_payload() -> None:
+    """Another request's digest (or any key) given as ``caller_key`` with other bytes of the
+    same length: each owner reads its own request's bytes."""
+    a, b = _pixels(5, 40, 50), _pixels(6, 40, 50)
+    with _two_ranks() as (p, r0, r1):
+        first = p.publish("victim", [Item(a, consumers=(0,), preprocess=KIMI)])
+        victims = first[0].digest
+        assert victims is not None
+        for key in (victims, "vllm:ab12"):
+            got = p.publish(
+                f"attacker-{key}", [Item(b, consumers=(1,), preprocess=KIMI, caller_key=key)]
             )
+            assert got[0].caller_key == key and got[0].digest != victims
+            assert got[0].payload != first[0].payload
+        for rank, want in ((r0, [a]), (r1, [b, b])):  # every rank gets all three envelopes
+            opened = []
+            for _ in range(3):
+                with rank.recv(10) as batch:
+                    opened += [np.array(batch.open(g)) for g in batch.owned]
+            assert len(opened) == len(want)
+            assert all(np.array_equal(x, y) for x, y in zip(opened, want))
+        assert p.statistics().arena.payloads_reused == 1  # b, by its own digest, the 2nd time
+        with pytest.raises(InvalidRequest, match="`caller_key` must be"):
+            p.publish("z", [Item(a, consumers=(0,), preprocess=KIMI, caller_key="")])
 
 
 def test_a_repeated_payload_is_referenced_not_copied_and_lives_while_any_batch_names_it() -> None:

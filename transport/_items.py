@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ._codec import BatchDecoder, encode_batch
-from ._digest import digest_of
+from ._digest import digest_of, envelope_alpha
 from ._errors import InvalidRequest, MalformedEnvelope, MmwireError
 from ._handover import MAX_RANKS
 from ._index import GlobalIndex
@@ -46,9 +46,9 @@ __all__ = [
     "MAX_REQUEST_ID",
     "Item",
     "PreparedItem",
-    "arena_digest",
     "check_request",
     "located",
+    "payload_digest",
     "prepare",
     "validate",
 ]
@@ -83,9 +83,10 @@ class Item:
             as a family's spec from ``mmwire.materialize.spec_for``).
         decode: decode a raw item's encoded bytes on the producer and ship pixels (for
             owners that should not decode).
-        digest: the payload's content digest, if the caller already has one (an engine's
-            own multimodal hash): the envelope carries it and the arena reuses the payload
-            by it, without hashing. Two payloads given one digest are taken to be equal.
+        caller_key: the caller's own id for the item (an engine's multimodal hash, up to
+            128 characters): the envelope carries it as ``caller_key`` for the engine's
+            prefix cache. It never selects a payload: reuse and caches match only the
+            digests the producer computes itself.
     """
 
     data: Any
@@ -95,7 +96,7 @@ class Item:
     preprocess: PreprocessSpec | Callable[[int, int], PreprocessSpec] | None = None
     modality: Modality = "image"
     decode: bool = False
-    digest: str | None = None
+    caller_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -115,16 +116,21 @@ class PreparedItem:
     """A raw image (PIL image, encoded bytes, array) whose ``shape`` pixels ``write_into``
     decodes into the arena: one copy, not three."""
     digest: str | None = None
-    """The payload's content digest, when it could be taken from the data as given (a PIL
+    """The payload's content digest, when the data as given is the bytes that ship (a PIL
     image's is taken from its pixels once they are in the arena)."""
     cuda: torch.Tensor | None = None
     """A contiguous CUDA tensor that travels through the host: ``write_into`` copies it
     into the arena (one D2H copy, by DMA where the arena is registered)."""
 
     @property
+    def kind(self) -> str:
+        """The envelope's kind: ``encoded`` for bytes that ship as they are."""
+        return "encoded" if self.encoding is not None else self.item.kind
+
+    @property
     def alpha(self) -> str:
-        """How the item's spec treats alpha (part of an image's digest)."""
-        return self.spec.alpha if self.spec is not None else "keep"
+        """How the item's spec treats alpha (part of an image's digest; ``""`` for tensors)."""
+        return envelope_alpha(self.kind, self.spec.alpha if self.spec is not None else None)
 
     @property
     def nbytes(self) -> int:
@@ -202,47 +208,44 @@ def prepare(
     digests: str = "images",
 ) -> PreparedItem:
     """Turn one item's data into host bytes (unless ``on_device`` gives its pool placement's
-    shape and dtype), resolve its spec and take its content digest (``digests``: ``"images"``,
-    ``"all"`` or ``"none"``; the item's own ``digest`` wins)."""
+    shape and dtype), resolve its spec and take its content digest where the data as given
+    is what ships (``digests``: ``"images"``, ``"all"`` or ``"none"``)."""
     where = f"item {index} of request {request_id!r}"
+    key = item.caller_key
+    if key is not None and (type(key) is not str or not 0 < len(key) <= 128):
+        raise InvalidRequest(f"{where}: `caller_key` must be a str of 1 to 128 characters")
     if on_device is not None:
         shape, dtype = on_device
         return PreparedItem(item, None, dtype, shape, _spec(item, shape, where))
     p = _prepare(where, item)
-    if item.digest is not None:
-        if type(item.digest) is not str or not 0 < len(item.digest) <= 128:
-            raise InvalidRequest(f"{where}: `digest` must be a str of 1 to 128 characters")
-        return dataclasses.replace(p, digest=item.digest)
     if digests == "all" or (digests == "images" and item.kind in ("raw", "encoded")):
         p = dataclasses.replace(p, digest=_source_digest(p))
     return p
 
 
 def _source_digest(p: PreparedItem) -> str | None:
-    """The digest of the data as given: encoded bytes, an array's elements; ``None`` for a
-    PIL image or a strided array (digested from the arena once written)."""
-    kind = "encoded" if p.encoding is not None else p.item.kind
+    """The digest of the data as given, when those are the bytes that ship: encoded bytes,
+    a tensor's elements, uint8 pixels already ``(H, W, C)`` and contiguous. ``None`` for the
+    rest (PIL images, strided or composited pixels: digested from the arena once written)."""
     if p.image is None:  # processed, embedding, or an encoded item's bytes
-        if p.array is None:
-            return None
-        if p.encoding is not None:
-            return digest_of(kind, "bytes", (p.array.size,), p.alpha, p.array)
-        return digest_of(kind, p.dtype, p.shape, "", p.array)
+        return None if p.array is None else payload_digest(p, p.array)
     source = p.image
-    if isinstance(source, (bytes, bytearray, memoryview)):
-        return digest_of(kind, "bytes", (memoryview(source).nbytes,), p.alpha, source)
-    if isinstance(source, torch.Tensor) and not source.is_cuda and source.dtype != torch.bfloat16:
+    if isinstance(source, torch.Tensor) and not source.is_cuda:
         source = source.detach().numpy()
-    if isinstance(source, np.ndarray) and source.flags.c_contiguous and not source.dtype.hasobject:
-        return digest_of(kind, source.dtype.name, tuple(source.shape), p.alpha, source)
+    if (
+        isinstance(source, np.ndarray)
+        and source.dtype == np.uint8
+        and source.flags.c_contiguous
+        and source.size == math.prod(p.shape)
+        and (source.ndim == 2 or source.shape[-1] == p.shape[-1])
+    ):
+        return payload_digest(p, source)
     return None
 
 
-def arena_digest(p: PreparedItem, written: np.ndarray[Any, Any]) -> str:
-    """The digest of a payload as written into the arena (a raw image's pixels, a CUDA
-    tensor's elements): equal to that of the same data given as a C-contiguous array."""
-    alpha = p.alpha if p.image is not None else ""
-    return digest_of(p.item.kind, p.dtype, p.shape, alpha, written)
+def payload_digest(p: PreparedItem, shipped: Any) -> str:
+    """The digest of an item's bytes as they ship (the arena's copy, or the same bytes)."""
+    return digest_of(p.kind, p.dtype, p.shape, p.alpha, shipped)
 
 
 def _prepare(where: str, item: Item) -> PreparedItem:
@@ -370,6 +373,7 @@ def envelope(
             preprocess=spec,
             digest=prepared.digest,
             encoding=prepared.encoding,
+            caller_key=item.caller_key,
         )
     except MmwireError:
         raise

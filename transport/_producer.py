@@ -78,10 +78,10 @@ from ._handover import HandoverServer, Hello, Offer, Refusal
 from ._items import (
     Item,
     PreparedItem,
-    arena_digest,
     check_request,
     envelope,
     located,
+    payload_digest,
     prepare,
     validate,
 )
@@ -163,11 +163,11 @@ class Producer:
             gone (``None``: never).
         join_timeout: seconds a process that received the arena has to join the channel.
         digests: which host payloads get a content digest in their envelope
-            (``FeatureEnvelope.digest``, XXH3-128: what an engine's prefix cache tells
-            images apart with, and what ``reuse`` finds payloads by): ``"images"`` (raw
-            and encoded items; hashing costs about a tenth of decoding), ``"all"`` (also
-            processed and embedding tensors: +64 % on a 256 MiB publish), ``"none"``. An
-            ``Item(digest=...)`` given by the caller is used as it is.
+            (``FeatureEnvelope.digest``, BLAKE3 of the bytes as shipped: what an engine's
+            prefix cache tells images apart with, and what ``reuse`` finds payloads by):
+            ``"images"`` (raw and encoded items), ``"all"`` (also processed and embedding
+            tensors), ``"none"``. Only digests computed here select a payload; a caller's
+            ``Item(caller_key=...)`` travels beside them.
         transfer: a transfer engine for consumers on other hosts
             (:class:`MooncakeTransfer`): the arena is registered with it once, and a remote
             consumer made with the same option reads the items it owns with one-sided
@@ -735,7 +735,7 @@ class Producer:
             digest = envs[k].digest
             if digest is None and self._digest_written(prepared[k]):
                 written = np.frombuffer(self.arena.view, dtype=np.uint8, count=n, offset=off)
-                digest = arena_digest(prepared[k], written)
+                digest = payload_digest(prepared[k], written)
             out[k] = msgspec.structs.replace(envs[k], payload=ref, digest=digest)
         return out
 

@@ -506,6 +506,7 @@ class FeatureEnvelope(msgspec.Struct, frozen=True, kw_only=True):
     preprocess: PreprocessSpec | None = None
     digest: str | None = None
     encoding: EncodedImage | None = None
+    caller_key: str | None = None
 
     def __post_init__(self) -> None:
         if self.version not in READABLE_VERSIONS:
@@ -539,8 +540,10 @@ class FeatureEnvelope(msgspec.Struct, frozen=True, kw_only=True):
                 f"processed tensor of {where} has {self.tensor.shape[0]} rows but its grid "
                 f"{list(self.grid.dims)} has {self.grid.patches} patches"
             )
-        if self.digest is not None and len(self.digest) > 128:
-            raise MalformedEnvelope(f"`digest` of {where} is over 128 characters")
+        for name in ("digest", "caller_key"):
+            value = getattr(self, name)
+            if value is not None and len(value) > 128:
+                raise MalformedEnvelope(f"`{name}` of {where} is over 128 characters")
 
     def _check_encoded(self, where: str) -> None:
         spec, enc = self.preprocess, self.encoding

@@ -14,8 +14,8 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
+import blake3
 import msgspec
-import xxhash
 import zmq
 import zmq.asyncio
 from aiohttp import web
@@ -153,7 +153,7 @@ class Frontend:
             live = sorted(self.producer.statistics().consumers)
             if not live:
                 raise MmwireError("no scheduler rank is alive")
-            keys = [xxhash.xxh3_128_hexdigest(data) for data in images]
+            keys = [blake3.blake3(data).hexdigest() for data in images]
             slot = {rank: k for k, rank in enumerate(live)}
             preferred = [
                 slot.get(r) if r is not None else None for r in self._affinity.preferred(keys)
