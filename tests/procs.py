@@ -393,3 +393,59 @@ def mooncake_produce_then_hang(client: bytes, q: Any) -> None:
     time.sleep(0.5)  # the batch's frames reach the consumer's socket
     q.put("sent")
     time.sleep(3600)
+
+
+def mooncake_pull_on_go(
+    rank: int, endpoint: str, server: bytes, client: Any, n: int, q: Any, go: Any
+) -> None:
+    """A remote rank that pulls one batch each time ``go`` says so, reporting its owned
+    items' sha256, or the type of the ``MmwireError`` the batch raised."""
+    from mmwire.transport import MmwireError, MooncakeTransfer
+
+    c = Consumer(
+        rank,
+        endpoint,
+        curve_server_key=server,
+        curve=client,
+        transfer=MooncakeTransfer(),
+        receive_pool_size=32 << 20,
+    )
+    q.put(("joined", rank, os.getpid()))
+    with _reporting(c, q, rank):
+        for _ in range(n):
+            go.get(timeout=120)
+            try:
+                with c.recv(timeout=30) as b:
+                    q.put(
+                        ("batch", {g.value: hashlib.sha256(b.open(g)).hexdigest() for g in b.owned})
+                    )
+            except MmwireError as e:
+                q.put(("error", type(e).__name__))
+        q.put(("done", rank))
+
+
+def mooncake_stranger(session: str, size: int, secret: bytes, target: bytes, q: Any) -> None:
+    """A process that never joined anything: through the engine's own Python API it asks the
+    producer's engine for its first registered buffer, reads ``size`` bytes of it, says
+    whether ``secret`` (a local rank's payload) was there and where ``target`` (a remote
+    rank's payload) was, and overwrites that copy of ``target`` with 0xEE."""
+    import ctypes
+    import mmap
+
+    from mooncake.engine import TransferEngine
+
+    e = TransferEngine()
+    e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "")
+    buf = mmap.mmap(-1, size)
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    e.register_memory(addr, size)
+    base = e.get_first_buffer_address(session)
+    read = e.transfer_sync_read(session, addr, base, size)
+    data = bytes(buf)
+    found = data.find(target)
+    wrote = -1
+    if found >= 0:
+        buf[: len(target)] = b"\xee" * len(target)
+        wrote = e.transfer_sync_write(session, addr, base + found, len(target))
+    q.put((read, secret in data, found, wrote))
+    e.unregister_memory(addr)

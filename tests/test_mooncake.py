@@ -20,6 +20,7 @@ import pytest
 from helpers import settle
 from mmwire.transport import (
     AsyncConsumer,
+    ConfigurationError,
     Consumer,
     CpuRef,
     CurveKeys,
@@ -53,18 +54,31 @@ def _item(data: np.ndarray[Any, Any], *ranks: int) -> Item:
     return Item(data, consumers=ranks, kind="embedding", grid=Grid((1, 1)))
 
 
+def _window(p: Producer) -> Any:
+    st = p.statistics().transfer_window
+    assert st is not None
+    return st
+
+
+def _idle(p: Producer) -> bool:
+    """No lease outstanding in the producer's arena or its transfer window."""
+    return p.statistics().arena.leases_outstanding == 0 and _window(p).leases_outstanding == 0
+
+
 def _sha(a: np.ndarray[Any, Any]) -> str:
     return hashlib.sha256(a.tobytes()).hexdigest()
 
 
 @contextmanager
-def _remote_producer(**kw: Any) -> Iterator[tuple[Producer, CurveKeys, CurveKeys]]:
+def _remote_producer(
+    window_size: int = 64 << 20, **kw: Any
+) -> Iterator[tuple[Producer, CurveKeys, CurveKeys]]:
     server, client = CurveKeys.generate(), CurveKeys.generate()
     p = Producer(
         "tcp://127.0.0.1:*",
         curve=server,
         curve_clients=[client.public],
-        transfer=MooncakeTransfer(),
+        transfer=MooncakeTransfer(window_size=window_size),
         **kw,
     )
     try:
@@ -113,7 +127,7 @@ def test_a_remote_rank_pulls_its_own_items_and_the_arena_is_free_once_it_has(
                 with local.recv(10) as b:
                     assert all(np.array_equal(b.open(g), data[g.value]) for g in b.owned)
                 # rank 1 still holds its batch, but the transfer is done: nothing is leased
-                assert settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
+                assert settle(p, lambda: _idle(p))
                 go.put("release")
             assert q.get(timeout=30)[0] == "done"
         finally:
@@ -139,7 +153,11 @@ def test_a_producer_without_a_transfer_engine_refuses_a_pulling_join() -> None:
 
 
 def test_forged_and_stale_references_are_refused_and_the_rank_keeps_serving() -> None:
-    with _remote_producer(arena_size=1 << 22, reuse=False) as (p, server, client):
+    with _remote_producer(window_size=1 << 22, arena_size=1 << 22, reuse=False) as (
+        p,
+        server,
+        client,
+    ):
         c = _puller(p, server, client)
         try:
             p.wait_for_consumers([0], 30)
@@ -174,7 +192,8 @@ def test_forged_and_stale_references_are_refused_and_the_rank_keeps_serving() ->
             with c.recv(10) as b:
                 assert np.array_equal(b.open(GlobalIndex(0)), last)
             # the refused batches' releases named leases this member no longer holds
-            assert settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
+            assert settle(p, lambda: _window(p).leases_outstanding == 0)
+            assert p.statistics().arena.leases_outstanding == 0
         finally:
             c.close()
 
@@ -192,10 +211,11 @@ def test_a_remote_rank_killed_before_it_pulls_frees_its_leases() -> None:
             os.kill(pid, signal.SIGSTOP)  # it never pulls
             for n in range(3):
                 p.publish(f"r{n}", [_item(np.full(1 << 20, n, np.uint8), 0)])
-            assert p.statistics().arena.leases_outstanding == 3
+            assert _window(p).leases_outstanding == 3
+            assert p.statistics().arena.leases_outstanding == 0  # it reads the window only
             os.kill(pid, signal.SIGKILL)
             # its connection's heartbeat lapses, its member ends, and its leases go back
-            assert settle(p, lambda: p.statistics().arena.leases_outstanding == 0, timeout=40)
+            assert settle(p, lambda: _window(p).leases_outstanding == 0, timeout=40)
             assert p.statistics().consumers == ()
         finally:
             proc.join(10)
@@ -285,7 +305,63 @@ def test_an_asyncio_rank_of_two_producers_pulls_from_both() -> None:
     try:
         asyncio.run(run(*producers, server, client))
         for p in producers:
-            assert settle(p, lambda p=p: p.statistics().arena.leases_outstanding == 0)
+            assert settle(p, lambda p=p: _idle(p))
     finally:
         for p in producers:
             p.close()
+
+
+def test_a_stranger_on_the_engine_sees_no_local_payload_and_cannot_feed_a_rank_tampered_bytes(
+    rng: np.random.Generator,
+) -> None:
+    """A process that never joined uses the engine's Python API as an attacker would: the
+    only memory it reaches is the transfer window, which holds no local rank's bytes, and
+    what it writes there is refused by the remote rank, which keeps serving."""
+    with _remote_producer(window_size=4 << 20, arena_size=16 << 20) as (p, server, client):
+        local = Consumer(
+            0, p.endpoint, handover=p.handover_path, curve_server_key=server.public, curve=client
+        )
+        q, go, sq = SPAWN.Queue(), SPAWN.Queue(), SPAWN.Queue()
+        proc = SPAWN.Process(
+            target=procs.mooncake_pull_on_go, args=(1, p.endpoint, server.public, client, 2, q, go)
+        )
+        proc.start()
+        try:
+            assert q.get(timeout=60)[0] == "joined"
+            p.wait_for_consumers([0, 1], 30)
+            secret = rng.integers(0, 256, 100_003, np.uint8)
+            remote = rng.integers(0, 256, 50_001, np.uint8)
+            p.publish("r0", [_item(secret, 0), _item(remote, 1)])
+            assert p._transfer is not None
+            session = p._transfer.offer.session
+            stranger = SPAWN.Process(
+                target=procs.mooncake_stranger,
+                args=(session, 4 << 20, secret.tobytes(), remote.tobytes(), sq),
+            )
+            stranger.start()
+            read, saw_secret, found, wrote = sq.get(timeout=60)
+            stranger.join(30)
+            assert read == 0 and found >= 0 and wrote == 0  # it did read and write the window
+            assert not saw_secret  # but the local rank's payload is not there
+            go.put("pull")
+            assert q.get(timeout=60) == ("error", "IntegrityError")
+            again = rng.integers(0, 256, 7_777, np.uint8)
+            p.publish("r1", [_item(again, 1)])
+            go.put("pull")
+            assert q.get(timeout=60) == ("batch", {0: _sha(again)})
+            with local.recv(10) as b:
+                assert np.array_equal(b.open(GlobalIndex(0)), secret)
+            assert q.get(timeout=30)[0] == "done"
+            assert settle(p, lambda: _idle(p))
+        finally:
+            proc.join(30)
+            if proc.is_alive():
+                proc.kill()
+            local.close()
+
+
+def test_a_producer_refuses_an_engine_on_an_untrusted_network_unless_told() -> None:
+    with pytest.raises(ConfigurationError, match="trusted_network=True"):
+        Producer(arena_size=1 << 20, transfer=MooncakeTransfer(hostname="10.1.2.3"))
+    with pytest.raises(ConfigurationError, match="trusted_network=True"):
+        Consumer(0, "tcp://10.1.2.3:5555", transfer=MooncakeTransfer(hostname="10.1.2.3"))

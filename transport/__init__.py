@@ -39,6 +39,7 @@ from ._errors import FrameError as FrameError
 from ._errors import GridMismatch as GridMismatch
 from ._errors import HandoverRefused as HandoverRefused
 from ._errors import ImageDecodeError as ImageDecodeError
+from ._errors import IntegrityError as IntegrityError
 from ._errors import InvalidRequest as InvalidRequest
 from ._errors import LimitExceeded as LimitExceeded
 from ._errors import MalformedEnvelope as MalformedEnvelope
@@ -132,6 +133,7 @@ __all__ = [
     "ImageDecodeError",
     "IndexMap",
     "InlineRef",
+    "IntegrityError",
     "InvalidRequest",
     "Item",
     "LimitExceeded",

@@ -396,7 +396,8 @@ class Consumer:
                     if not self._held[key]:
                         del self._held[key]
                     lease, gen = key
-                    self._unsent.append(ENCODER.encode(Release(lease=lease, generation=gen)))
+                    release = Release(lease=lease, generation=gen, window=self._puller is not None)
+                    self._unsent.append(ENCODER.encode(release))
         self._flush()
 
     def _flush(self) -> None:

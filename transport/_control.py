@@ -56,6 +56,8 @@ class Release(msgspec.Struct, frozen=True, tag=True):
 
     lease: Annotated[int, _U63]
     generation: Annotated[int, _U63]
+    window: bool = False
+    """A lease of the producer's transfer window (a remote rank that pulls), not its arena."""
 
 
 NOTICE = b"\x00mmwire-notice"

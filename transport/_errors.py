@@ -25,7 +25,8 @@ Tree::
     ├── TransportError                        a peer or the OS failed us (``__cause__`` = OSError)
     │   ├── PeerGone                          the producer/consumer process went away
     │   ├── HandoverRefused                   credentials check failed on the handover socket
-    │   └── BackendUnavailable                a backend's library or driver is missing
+    │   ├── BackendUnavailable                a backend's library or driver is missing
+    │   └── IntegrityError                    pulled bytes are not those their digest names
     ├── ClosedResourceError                   *your* code closed the object before using it
     ├── BusyResourceError                     concurrent use of a single-user object
     └── MaterializeError (also ValueError)    a request's pixels cannot be turned into features
@@ -47,6 +48,7 @@ __all__ = [
     "GridMismatch",
     "HandoverRefused",
     "ImageDecodeError",
+    "IntegrityError",
     "InvalidRequest",
     "LimitExceeded",
     "MalformedEnvelope",
@@ -141,6 +143,11 @@ class HandoverRefused(TransportError):
 
 class BackendUnavailable(TransportError):
     """A backend cannot be used here: its library or driver is missing or refuses."""
+
+
+class IntegrityError(TransportError):
+    """Bytes read over an unauthenticated data plane that are not those their envelope's
+    digest names: someone wrote into the transfer window or the receive pool."""
 
 
 class ClosedResourceError(MmwireError):

@@ -1,14 +1,25 @@
 """Payloads for consumers on other hosts, pulled through Mooncake's Transfer Engine.
 
-A producer made with ``transfer=MooncakeTransfer(...)`` registers its arena with the
-engine **once**, at start. A remote consumer made with the same option registers one
-receive pool **once**, joins asking to pull, and is sent a :class:`TransferOffer` (the
-engine session to read from, and where the arena lies in the producer's address space).
-Its batches then carry the items' ordinary ``CpuRef``s: for each batch the consumer checks
-every owned reference against the offer, reads the bytes it owns into its pool with one
-batched one-sided read, checks each lease's header came back with the reference's
-generation, and releases the leases at once: the producer's arena is free again as soon as
-the transfer has completed, while the batch's views point into the consumer's own pool.
+A producer made with ``transfer=MooncakeTransfer(...)`` registers a **transfer window** of its
+own with the engine, once, at start: an arena apart from the one local ranks map, which
+holds only the payloads of items owned by remote ranks that pull, copied there per request
+and freed as soon as those ranks have read them. The local arena is never registered, so
+nothing a local rank receives is reachable through the engine. A remote consumer made with
+the same option registers one receive pool **once**, joins asking to pull, and is sent a
+:class:`TransferOffer` (the engine session to read from, and where the window lies in the
+producer's address space). Its batches carry ``CpuRef``s into the window: for each batch the
+consumer checks every owned reference against the offer, reads the bytes it owns into its
+pool with one batched one-sided read, checks each lease's header came back with the
+reference's generation and **each item's bytes against the BLAKE3 digest in its envelope**
+(which came over the CURVE-authenticated channel), and releases the leases at once.
+
+Trust boundary: the engine's data plane has no authentication, and the engine (0.3.13)
+listens on every interface whatever ``hostname`` it is given. Anyone who reaches its port can
+read the window (payloads bound for remote ranks, while they wait to be pulled) and write
+into it or into a receive pool; writes before the pull are caught by the digest check
+(:class:`IntegrityError`, and the rank keeps serving). So ``transfer=`` on a ``hostname``
+other than loopback needs ``MooncakeTransfer(trusted_network=True)``: an explicit statement
+that only trusted hosts reach the engine's ports.
 
 Registering memory costs hundreds of milliseconds per GiB, so nothing is registered per
 request. The engine's own handshake and metadata service are used as they are
@@ -19,6 +30,7 @@ has room and which items it owns, and the producer's publish never waits on a ne
 
 from __future__ import annotations
 
+import ipaddress
 import threading
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -26,10 +38,12 @@ from typing import Annotated, Any
 import msgspec
 
 from ._arena import ARENA_HEADER, LEASE_HEADER, LEASE_MAGIC, Arena, read_lease_header
+from ._digest import digest_of, envelope_alpha
 from ._errors import (
     ArenaFull,
     BackendUnavailable,
     ConfigurationError,
+    IntegrityError,
     OffsetError,
     PeerGone,
     StaleReference,
@@ -55,12 +69,40 @@ class MooncakeTransfer:
             let the engine discover them.
         metadata_server: ``"P2PHANDSHAKE"`` (peers exchange segment metadata directly), or
             the URL of the engine's etcd/HTTP metadata service.
+        window_size: bytes of the producer's transfer window: what requests bound for
+            remote ranks may hold at once (a full window is ``ArenaFull``).
+        trusted_network: required for a ``hostname`` other than loopback: says that only
+            trusted hosts reach the engine, whose data plane has no authentication.
     """
 
     hostname: str = "127.0.0.1"
     protocol: str = "tcp"
     device_name: str = ""
     metadata_server: str = "P2PHANDSHAKE"
+    window_size: int = 256 << 20
+    trusted_network: bool = False
+
+    def check(self) -> None:
+        """``ConfigurationError`` for settings that cannot work or are not safe to use."""
+        if self.protocol not in ("tcp", "rdma"):
+            raise ConfigurationError(f"`protocol` must be tcp or rdma, got {self.protocol!r}")
+        if self.window_size < ARENA_HEADER + 4096:
+            raise ConfigurationError(f"`window_size` {self.window_size} is too small")
+        if not self.trusted_network and not _loopback(self.hostname):
+            raise ConfigurationError(
+                f"the transfer engine on {self.hostname!r} would serve its window to anyone "
+                "who reaches the port: its data plane has no authentication. Pass "
+                "`MooncakeTransfer(trusted_network=True)` if only trusted hosts reach it"
+            )
+
+
+def _loopback(hostname: str) -> bool:
+    if hostname == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(hostname).is_loopback
+    except ValueError:
+        return False
 
 
 class TransferOffer(msgspec.Struct, frozen=True, tag=True):
@@ -88,8 +130,7 @@ class _Engine:
     """One Transfer Engine of this process, with one registered region."""
 
     def __init__(self, config: MooncakeTransfer, address: int, size: int) -> None:
-        if config.protocol not in ("tcp", "rdma"):
-            raise ConfigurationError(f"`protocol` must be tcp or rdma, got {config.protocol!r}")
+        config.check()
         try:
             from mooncake.engine import TransferEngine
         except ImportError as e:
@@ -123,17 +164,28 @@ class _Engine:
 
 
 class TransferSource:
-    """The producer's side: its arena registered once, and the offer remote pullers get."""
+    """The producer's side: its transfer window, registered once, and the offer remote
+    pullers get."""
 
-    def __init__(self, config: MooncakeTransfer, arena: Arena) -> None:
-        self._engine = _Engine(config, arena.address, arena.size)
+    def __init__(self, config: MooncakeTransfer) -> None:
+        config.check()
+        self.window = Arena(config.window_size, retain=False)
+        try:
+            self._engine = _Engine(config, self.window.address, self.window.size)
+        except BaseException:
+            self.window.close()
+            raise
         self.offer = TransferOffer(
-            session=self._engine.session, arena_id=arena.id, base=arena.address, size=arena.size
+            session=self._engine.session,
+            arena_id=self.window.id,
+            base=self.window.address,
+            size=self.window.size,
         )
         self.frames = [TRANSFER_OFFER, _OFFER_ENCODER.encode(self.offer)]
 
     def close(self) -> None:
         self._engine.close()
+        self.window.close()
 
 
 @dataclass
@@ -157,7 +209,8 @@ class Puller:
 
     def pull(self, envelopes: list[FeatureEnvelope]) -> PulledItems:
         """Read these owned ``CpuRef`` items into the pool; raise before any transfer if one
-        does not fit the offered arena, after it if a lease changed generation."""
+        does not fit the offered window, after it if a lease changed generation or an item's
+        bytes are not those its digest names (``IntegrityError``)."""
         offer = self.offer
         if offer is None:
             raise PeerGone("the producer sent a batch to pull before its transfer offer")
@@ -188,6 +241,8 @@ class Puller:
                     raise StaleReference(
                         f"lease {start} came back with generation {got}, the reference {gen}"
                     )
+            for env, (off, n) in zip(envelopes, lease.slots):
+                _verify(env, self.pool.view[off : off + n])
         except BaseException:
             self.free(lease.start, lease.generation)
             raise
@@ -206,6 +261,19 @@ class Puller:
         self.pool.close()
 
 
+def _verify(env: FeatureEnvelope, pulled: memoryview) -> None:
+    """``IntegrityError`` unless the pulled bytes are those the envelope's digest names."""
+    spec = env.preprocess
+    alpha = envelope_alpha(env.kind, spec.alpha if spec is not None else None)
+    got = digest_of(env.kind, env.tensor.dtype, env.tensor.shape, alpha, pulled)
+    if got != env.digest:
+        raise IntegrityError(
+            f"item {env.index.value} of request {env.request_id!r}: the bytes pulled from the "
+            f"transfer window are not the ones its digest names ({env.digest}); someone "
+            "wrote into the window or the receive pool"
+        )
+
+
 def _checked(env: FeatureEnvelope, offer: TransferOffer) -> CpuRef:
     """The item's reference, if the producer could have made it in the arena it offered;
     else a typed error."""
@@ -215,6 +283,8 @@ def _checked(env: FeatureEnvelope, offer: TransferOffer) -> CpuRef:
         raise BackendUnavailable(f"{where} is not in the producer's arena")
     if ref.arena_id != offer.arena_id:
         raise StaleReference(f"{where} names arena {ref.arena_id!r}, not the offered one")
+    if env.digest is None:
+        raise IntegrityError(f"{where} has no digest to check its pulled bytes against")
     if ref.length != env.tensor.nbytes:
         raise StaleReference(f"{where}: payload length {ref.length} != {env.tensor.nbytes}")
     if ref.lease < ARENA_HEADER or ref.offset < ref.lease + LEASE_HEADER:

@@ -127,6 +127,8 @@ class ProducerStatistics:
     """Channel messages that were not control messages, or came from no joined member."""
     releases_ignored: int = 0
     """Releases that matched no lease this member holds (stale, repeated or forged)."""
+    transfer_window: ArenaStatistics | None = None
+    """The transfer window's use, when the producer has a ``transfer`` engine."""
     arena_registered: bool = False
     """Whether the arena is registered with CUDA (a CUDA ``device`` or the first CUDA item
     through the host does it), so CUDA items are copied in at PCIe speed."""
@@ -244,7 +246,7 @@ class Producer:
         self.arena = Arena(arena_size, prefault=prefault, retain=reuse)
         if transfer is not None:
             try:
-                self._transfer = TransferSource(transfer, self.arena)
+                self._transfer = TransferSource(transfer)
             except BaseException:
                 self.arena.close()
                 raise
@@ -362,6 +364,8 @@ class Producer:
     def _member_ended(self, s: Member, why: str) -> None:
         """Release what an ended member held (under the lock, from ``Members.end``)."""
         held = self.arena.release_holder(s.id)
+        if self._transfer is not None:
+            held += self._transfer.window.release_holder(s.id)
         self._trackers = [t for t in self._trackers if t[3] is not s]
         if self._members.of_rank(s.rank) is None:
             self._device.rank_gone(s.rank)
@@ -451,7 +455,7 @@ class Producer:
             self._counts["ignored"] += 1
         elif s is None:
             self._drop("a release from no joined member")
-        elif not self.arena.release(msg.lease, msg.generation, s.id):
+        elif not self._arena_of(msg.window).release(msg.lease, msg.generation, s.id):
             self._counts["ignored"] += 1
             self._note("release", f"{s} released a lease it does not hold (ignored)")
 
@@ -496,8 +500,15 @@ class Producer:
             if s.pulls and not self._connected(s):
                 self._members.end(s, "its channel connection is gone")
 
+    def _arena_of(self, window: bool) -> Arena:
+        """The arena a release names: the transfer window's, or the one local ranks map."""
+        return self._transfer.window if window and self._transfer is not None else self.arena
+
     def _expire_leases(self, timeout: float) -> None:
-        for lease in self.arena.overdue(timeout):
+        overdue = self.arena.overdue(timeout)
+        if self._transfer is not None:
+            overdue += self._transfer.window.overdue(timeout)
+        for lease in overdue:
             for s in [s for s in self._members.all() if s.id in lease.pending]:
                 self._evict(
                     s,
@@ -579,6 +590,7 @@ class Producer:
             )
         placed: dict[int, tuple[CudaIpcRef | FabricRef, tuple[int, ...], str]] = {}
         lease: Lease | None = None
+        window: _Staged | None = None
         holds = _Holds()
         try:
             for k, item in enumerate(items):
@@ -623,6 +635,8 @@ class Producer:
                 self.arena.index(
                     lease, {envs[k].digest or "": n for n, k in enumerate(new) if envs[k].digest}
                 )
+            if self._transfer is not None:
+                envs, window = self._stage(request_id, prepared, envs, members, holds)
             with self._lock:
                 gone = [s for s in members.values() if s.gone and s.rank in owners]
                 if gone:
@@ -630,15 +644,68 @@ class Producer:
                         f"request {request_id!r}: {', '.join(map(str, gone))} went away "
                         "before it was sent"
                     )
-                missed = self._deliver(envs, holds.by_member)
+                missed = self._deliver(envs, holds.by_member, staged=window)
         except BaseException:
             self._device.undo([ref for ref, _, _ in placed.values()])
             self._undo(holds)
             if lease is not None:
                 self.arena.release_all(lease.start, lease.generation)
+            if window is not None and self._transfer is not None:
+                self._transfer.window.release_all(window.lease.start, window.lease.generation)
             raise
         _raise_if_lost(request_id, missed, owners)
         return envs
+
+    def _stage(
+        self,
+        request_id: str,
+        prepared: list[PreparedItem],
+        envs: list[FeatureEnvelope],
+        members: dict[int, Member],
+        holds: _Holds,
+    ) -> tuple[list[FeatureEnvelope], _Staged | None]:
+        """Copy the host payloads that remote pulling ranks own into the transfer window (the
+        only memory the engine can reach), each with a digest their puller checks; the
+        envelopes with those digests, and the window's references. The pullers' references
+        to the arena are given back: they read the window, never the arena."""
+        assert self._transfer is not None
+        pullers = {r: s for r, s in members.items() if s.pulls}
+        staged = [
+            k
+            for k, e in enumerate(envs)
+            if isinstance(e.payload, CpuRef) and any(r in pullers for r in e.consumers)
+        ]
+        if not staged:
+            return envs, None
+        window = self._transfer.window
+        holders = {pullers[r].id for k in staged for r in envs[k].consumers if r in pullers}
+        lease = window.allocate(
+            [envs[k].tensor.nbytes for k in staged],
+            holders,
+            self.full_timeout,
+            drain=self.poll,
+            tag=request_id,
+        )
+        out = list(envs)
+        refs: dict[int, CpuRef] = {}
+        for k, (off, n) in zip(staged, lease.slots):
+            window.view[off : off + n] = self._arena_slice(envs[k])
+            if envs[k].digest is None:  # the puller checks every item's bytes against one
+                digest = payload_digest(prepared[k], window.view[off : off + n])
+                out[k] = msgspec.structs.replace(envs[k], digest=digest)
+            refs[k] = CpuRef(
+                arena_id=window.id,
+                lease=lease.start,
+                offset=off,
+                length=n,
+                generation=lease.generation,
+            )
+        window.publish(lease)
+        for p in pullers.values():
+            for start, gen in holds.by_member.pop(p.id, []):
+                self.arena.release(start, gen, p.id)
+            holds.claimed = [c for c in holds.claimed if c[0] != p.id]
+        return out, _Staged(lease, refs)
 
     def _undo(self, holds: _Holds) -> None:
         """Give back the references a failed publish added to resident leases."""
@@ -774,6 +841,7 @@ class Producer:
         envs: list[FeatureEnvelope],
         holds: dict[int, list[tuple[int, int]]],
         frames: list[Any] | None = None,
+        staged: _Staged | None = None,
     ) -> list[Member]:
         """Send a batch to every joined member, waiting for full queues; the members that
         did not get it (evicted, or gone while it waited).
@@ -784,7 +852,7 @@ class Producer:
         shared_frames = encode_batch(envs) if frames is None else frames
         waiting: list[tuple[Member, list[Any], bool]] = []
         for s in list(self._members.joined()):
-            frames, track = self._frames_for(s, envs, shared_frames)
+            frames, track = self._frames_for(s, envs, shared_frames, staged)
             if not self._try_send(s, frames, track, holds):
                 waiting.append((s, frames, track))
         deadline = time.monotonic() + self.slow_consumer_timeout
@@ -808,9 +876,23 @@ class Producer:
         return missed
 
     def _frames_for(
-        self, s: Member, envs: list[FeatureEnvelope], shared_frames: list[Any]
+        self,
+        s: Member,
+        envs: list[FeatureEnvelope],
+        shared_frames: list[Any],
+        staged: _Staged | None = None,
     ) -> tuple[list[Any], bool]:
-        remote = not (s.shared or s.pulls)  # pullers read the arena by its references
+        if s.pulls:  # its own items point into the transfer window, where it reads them
+            refs = {} if staged is None else staged.refs
+            mine = {k for k, e in enumerate(envs) if s.rank in e.consumers and k in refs}
+            if not mine:
+                return shared_frames, False
+            pulled = [
+                msgspec.structs.replace(e, payload=refs[k]) if k in mine else e
+                for k, e in enumerate(envs)
+            ]
+            return encode_batch(pulled), False
+        remote = not s.shared
         owned = [k for k, e in enumerate(envs) if s.rank in e.consumers] if remote else []
         owned = [k for k in owned if isinstance(envs[k].payload, CpuRef)]
         if not owned:  # same host, or a remote rank that only needs the metadata
@@ -886,6 +968,9 @@ class Producer:
                 messages_dropped=self._counts["dropped"],
                 releases_ignored=self._counts["ignored"],
                 arena_registered=bool(self._arena_pinned),
+                transfer_window=(
+                    None if self._transfer is None else self._transfer.window.statistics()
+                ),
             )
 
     def reclaim(self) -> int:
@@ -941,6 +1026,14 @@ class Producer:
     def __del__(self) -> None:
         if not getattr(self, "closed", True):
             warnings.warn("unclosed Producer", ResourceWarning, stacklevel=1)
+
+
+@dataclass
+class _Staged:
+    """A request's payloads in the transfer window: its lease, and each item's reference."""
+
+    lease: Lease
+    refs: dict[int, CpuRef]
 
 
 class _Holds:
