@@ -449,3 +449,18 @@ def mooncake_stranger(session: str, size: int, secret: bytes, target: bytes, q: 
         wrote = e.transfer_sync_write(session, addr, base + found, len(target))
     q.put((read, secret in data, found, wrote))
     e.unregister_memory(addr)
+
+
+def remote_hold(rank: int, endpoint: str, server: bytes, client: Any, q: Any) -> None:
+    """A remote rank (tcp + CURVE) that finishes its first batch, then receives batches
+    without ever releasing them, reporting each one's request id, until it is killed."""
+    c = Consumer(rank, endpoint, curve_server_key=server, curve=client)
+    q.put(("joined", rank, os.getpid()))
+    with _reporting(c, q, rank):
+        with c.recv(timeout=30) as b:
+            q.put(("finished", b.envelopes[GlobalIndex(0)].request_id))
+        held = []
+        while True:
+            b = c.recv(timeout=60)
+            held.append(b)
+            q.put(("holding", b.envelopes[GlobalIndex(0)].request_id))

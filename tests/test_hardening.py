@@ -35,6 +35,7 @@ from mmwire.transport import (
     ImageDecodeError,
     InvalidRequest,
     Item,
+    LostRequest,
     MaterializeError,
     MmwireError,
     PeerGone,
@@ -826,4 +827,55 @@ def test_a_remote_rank_can_rejoin_once_its_old_connection_is_gone() -> None:
             again.close()
     finally:
         first.close()
+        p.close()
+
+
+def test_every_request_a_killed_remote_rank_never_finished_is_reported() -> None:
+    """Kill -9 a remote rank holding two batches, then keep publishing to it: each publish
+    either raises ``PeerGone`` or its request is reported lost, with the two it held."""
+    server, client = CurveKeys.generate(), CurveKeys.generate()
+    lost: list[LostRequest] = []
+    p = Producer(
+        "tcp://127.0.0.1:*",
+        arena_size=1 << 22,
+        curve=server,
+        curve_clients=[client.public],
+        on_lost=lost.append,
+    )
+    local = Consumer(
+        0, p.endpoint, handover=p.handover_path, curve_server_key=server.public, curve=client
+    )
+    q = SPAWN.Queue()
+    kid = SPAWN.Process(target=procs.remote_hold, args=(1, p.endpoint, server.public, client, q))
+    kid.start()
+    try:
+        _, _, pid = q.get(timeout=60)
+        p.wait_for_consumers([0, 1], 30)
+        for name in ("finished", "held-1", "held-2"):
+            p.publish(name, [_item(np.full((4, 4, 3), 1, np.uint8), (0, 1))])
+            local.recv(10).release()
+        assert q.get(timeout=30) == ("finished", "finished")
+        assert q.get(timeout=30) == ("holding", "held-1")
+        assert q.get(timeout=30) == ("holding", "held-2")
+        os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        returned = []
+        while True:
+            name = f"after-{len(returned)}"
+            try:
+                p.publish(name, [_item(np.full((4, 4, 3), 2, np.uint8), (0, 1))])
+            except PeerGone:
+                break
+            returned.append(name)
+            local.recv(10).release()
+            assert time.monotonic() - killed < 15, "the rank's death went unnoticed"
+        want = {"held-1", "held-2", *returned}
+        assert settle(p, lambda: {x.request_id for x in lost} == want)
+        assert all(x.rank == 1 for x in lost) and len(lost) == len(want)
+        assert p.statistics().consumers == (0,)
+    finally:
+        kid.join(10)
+        if kid.is_alive():
+            kid.kill()
+        local.close()
         p.close()

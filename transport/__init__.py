@@ -69,6 +69,7 @@ from ._pixels import keeps_alpha as keeps_alpha
 from ._pixels import pixel_shape as pixel_shape
 from ._pixels import pixels_into as pixels_into
 from ._pixels import to_pixels as to_pixels
+from ._producer import LostRequest as LostRequest
 from ._producer import Producer as Producer
 from ._producer import ProducerStatistics as ProducerStatistics
 from ._schema import DTYPES as DTYPES
@@ -140,6 +141,7 @@ __all__ = [
     "Limits",
     "LocalIndex",
     "LocalSlots",
+    "LostRequest",
     "MalformedEnvelope",
     "MaterializeError",
     "MmwireError",

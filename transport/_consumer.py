@@ -56,7 +56,7 @@ import zmq
 
 from ._arena import ARENA_HEADER, LEASE_HEADER, LEASE_MAGIC, read_lease_header
 from ._codec import BatchDecoder, Limits
-from ._control import ENCODER, NOTICE, CurveKeys, Join, Release
+from ._control import ENCODER, NOTICE, CurveKeys, Done, Join, Release
 from ._errors import (
     BackendUnavailable,
     ClosedResourceError,
@@ -203,6 +203,7 @@ class Consumer:
         )
         self._sock.send(ENCODER.encode(join))
         self._batches = 0
+        self._received = 0  # batches taken off the channel: their numbers, for ``Done``
         self._opened = 0
         self._opened_bytes = 0
         self._held: collections.Counter[tuple[int, int]] = collections.Counter()
@@ -286,7 +287,12 @@ class Consumer:
                     raise HandoverRefused(f"rank {self.rank}: the producer {reason}")
                 self._cut_off = reason
                 raise PeerGone(self._gone_reason())
-            return self.decode(frames)
+            self._received += 1
+            seq = self._received
+            batch = self.decode(frames)
+            if batch.owned:
+                batch._seq = seq
+            return batch
 
     def _gone_reason(self) -> str:
         if self._cut_off is not None:
@@ -400,6 +406,11 @@ class Consumer:
                     self._unsent.append(ENCODER.encode(release))
         self._flush()
 
+    def _done(self, seq: int) -> None:
+        """Tell the producer this rank finished batch ``seq`` (it owned items of it)."""
+        self._unsent.append(ENCODER.encode(Done(seq=seq)))
+        self._flush()
+
     def _flush(self) -> None:
         """Send the releases the channel takes now, from any thread, without blocking.
 
@@ -498,6 +509,8 @@ class ReceivedBatch:
     """The owned items read through the transfer engine into the receive pool."""
     released: bool = field(default=False)
     _waited: set[int] = field(default_factory=set)
+    _seq: int | None = None
+    """Its number on the channel, when it came from there and this rank owns items of it."""
 
     @property
     def owned(self) -> tuple[GlobalIndex, ...]:
@@ -552,6 +565,8 @@ class ReceivedBatch:
             if pulled is not None and puller is not None:
                 pulled.frames.clear()
                 puller.free(pulled.start, pulled.generation)
+            if self._seq is not None:
+                self._consumer._done(self._seq)
 
     def __enter__(self) -> ReceivedBatch:
         return self

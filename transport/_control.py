@@ -25,7 +25,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 import msgspec
@@ -33,7 +33,16 @@ import zmq
 
 from ._handover import MAX_RANKS
 
-__all__ = ["NOTICE", "CurveKeys", "Join", "Member", "Members", "Release", "decode_control"]
+__all__ = [
+    "NOTICE",
+    "CurveKeys",
+    "Done",
+    "Join",
+    "Member",
+    "Members",
+    "Release",
+    "decode_control",
+]
 
 _log = logging.getLogger("mmwire.transport")
 
@@ -60,21 +69,29 @@ class Release(msgspec.Struct, frozen=True, tag=True):
     """A lease of the producer's transfer window (a remote rank that pulls), not its arena."""
 
 
+class Done(msgspec.Struct, frozen=True, tag=True):
+    """consumer -> producer, once per batch it owned items of: it released batch number
+    ``seq`` (counted from 1 over the batches this member received)."""
+
+    seq: Annotated[int, _U63]
+
+
 NOTICE = b"\x00mmwire-notice"
 """First frame of a producer -> consumer notice: ``[NOTICE, reason]`` (never a batch header)."""
 
-_DECODER = msgspec.msgpack.Decoder(Join | Release)
+_DECODER = msgspec.msgpack.Decoder(Join | Release | Done)
 ENCODER = msgspec.msgpack.Encoder()
 
 
-def decode_control(body: bytes) -> Join | Release | None:
+def decode_control(body: bytes) -> Join | Release | Done | None:
     """A control message, or ``None`` for anything that is not one (dropped by the caller)."""
     if len(body) > 256:
         return None
     try:
-        return _DECODER.decode(body)
+        msg: Join | Release | Done = _DECODER.decode(body)
     except msgspec.MsgspecError:
         return None
+    return msg
 
 
 @dataclass(frozen=True)
@@ -112,6 +129,11 @@ class Member:
     pulls: bool = False
     """A remote member that reads its payloads through the transfer engine."""
     gone: bool = False
+    sent: int = 0
+    """Batches sent to it."""
+    outstanding: dict[int, str] = field(default_factory=dict)
+    """Request ids of the batches sent to it that it owns items of and has not released
+    (``Done``), by batch number: what is reported lost if it ends."""
 
     def __str__(self) -> str:
         who = f"pid {self.pid}" if self.pid is not None else "a remote process"

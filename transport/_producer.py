@@ -52,7 +52,7 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal, final
@@ -64,7 +64,7 @@ import zmq
 
 from ._arena import ARENA_HEADER, LEASE_HEADER, Arena, ArenaStatistics, Lease
 from ._codec import Limits, encode_batch
-from ._control import NOTICE, CurveKeys, Join, Member, Members, decode_control
+from ._control import NOTICE, CurveKeys, Done, Join, Member, Members, decode_control
 from ._errors import (
     ArenaFull,
     BackendUnavailable,
@@ -90,7 +90,7 @@ from ._pinning import pin_host, unpin_host
 from ._schema import CpuRef, CudaIpcRef, FabricRef, FeatureEnvelope, InlineRef
 from ._select import BackendChoice
 
-__all__ = ["Producer", "ProducerStatistics"]
+__all__ = ["LostRequest", "Producer", "ProducerStatistics"]
 
 _log = logging.getLogger("mmwire.transport")
 
@@ -134,6 +134,18 @@ class ProducerStatistics:
     through the host does it), so CUDA items are copied in at PCIe speed."""
 
 
+@dataclass(frozen=True)
+class LostRequest:
+    """A request a rank that owned items of it never finished: the rank's member ended (it
+    died, was evicted or replaced, or its connection went) before it released the batch.
+    Retry it or fail it; mmwire will not deliver it again."""
+
+    request_id: str
+    rank: int
+    reason: str
+    """Why the member ended."""
+
+
 @final
 class Producer:
     """The tokenizer/encoder side: owns the arena, the handover socket and the channel.
@@ -174,6 +186,10 @@ class Producer:
             (:class:`MooncakeTransfer`): the arena is registered with it once, and a remote
             consumer made with the same option reads the items it owns with one-sided
             reads instead of receiving them as frames through this process.
+        on_lost: called with a :class:`LostRequest` for each request a rank owned items of
+            and never released before its member ended (on the producer's control thread,
+            under its lock: hand it on, do not block or call the producer). Without it,
+            :meth:`take_lost` returns them.
         reuse: keep released payloads resident in the arena, and point a request whose
             payload is resident at it instead of copying it again (its lease is then
             referenced by both requests); resident payloads are evicted, least recently
@@ -205,8 +221,11 @@ class Producer:
         digests: Literal["images", "all", "none"] = "images",
         reuse: bool = True,
         transfer: MooncakeTransfer | None = None,
+        on_lost: Callable[[LostRequest], None] | None = None,
     ) -> None:
         self.closed = True  # until every resource below exists
+        self._on_lost = on_lost
+        self._lost: list[LostRequest] = []
         self._transfer: TransferSource | None = None
         if digests not in ("images", "all", "none"):
             raise ConfigurationError(f"`digests` must be images, all or none, got {digests!r}")
@@ -295,6 +314,8 @@ class Producer:
         if curve is not None:
             self._start_curve(curve, curve_clients)
         self._sock.bind(endpoint or f"ipc://{self._dir}/channel")
+        # a peer's disconnection makes the control loop check the remote members at once
+        self._monitor = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self.endpoint: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._zmq_fd = int(self._sock.getsockopt(zmq.FD))
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
@@ -379,6 +400,31 @@ class Producer:
         self._counts["ended"] += 1
         level = logging.INFO if why.startswith("its process closed") else logging.WARNING
         _log.log(level, "mmwire: %s is gone: %s; %d leases released", s, why, held)
+        for request_id in s.outstanding.values():
+            self._report_lost(LostRequest(request_id, s.rank, why))
+        s.outstanding.clear()
+
+    def _report_lost(self, lost: LostRequest) -> None:
+        _log.warning(
+            "mmwire: request %r was lost: rank %d never finished it (%s)",
+            lost.request_id,
+            lost.rank,
+            lost.reason,
+        )
+        if self._on_lost is None:
+            self._lost.append(lost)
+            return
+        try:
+            self._on_lost(lost)
+        except Exception as e:  # the application's callback must not stop the producer
+            self._note("on_lost", f"`on_lost` raised {e!r}")
+
+    def take_lost(self) -> list[LostRequest]:
+        """The requests reported lost since the last call (without ``on_lost``): each was
+        sent to a rank that owned items of it and ended before releasing it."""
+        with self._lock:
+            lost, self._lost = self._lost, []
+            return lost
 
     def _evict(self, s: Member, why: str) -> None:
         self._counts["evicted"] += 1
@@ -408,6 +454,11 @@ class Producer:
     def _service(self) -> None:
         """Process everything pending: messages, finished sends, timeouts (under the lock)."""
         busy = False
+        if self._remote_ok and self._monitor.poll(0):
+            with contextlib.suppress(zmq.ZMQError):
+                while self._monitor.recv_multipart(zmq.NOBLOCK):
+                    pass
+            self._check_remote()
         while int(self._sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
             try:
                 frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
@@ -431,7 +482,7 @@ class Producer:
             self._members.expire(self.join_timeout)
             if now - self._last_ping > 1.0:
                 self._last_ping = now
-                self._check_pullers()
+                self._check_remote()
             if self.lease_timeout is not None:
                 self._expire_leases(self.lease_timeout)
         if busy:
@@ -450,6 +501,10 @@ class Producer:
             self._on_join(ident, msg, body)
             return
         s = self._members.by_ident(ident)
+        if isinstance(msg, Done):
+            if s is not None:
+                s.outstanding.pop(msg.seq, None)
+            return
         if s is None and self._members.ended(ident):
             # its leases went back when it ended; this release was on the way
             self._counts["ignored"] += 1
@@ -493,11 +548,13 @@ class Producer:
             return False  # EHOSTUNREACH: no such peer any more
         return True
 
-    def _check_pullers(self) -> None:
-        """End the remote members that pull and whose connection is gone: their leases
-        wait on releases that will never come (frame receivers' leases end with the send)."""
+    def _check_remote(self) -> None:
+        """End the remote members whose connection is gone (a process that died, a host
+        whose heartbeat lapsed): what they owned and never released is reported lost, and
+        a publish naming their rank raises ``PeerGone``. Local members end with their
+        handover connection."""
         for s in list(self._members.joined()):
-            if s.pulls and not self._connected(s):
+            if not s.local and not self._connected(s):
                 self._members.end(s, "its channel connection is gone")
 
     def _arena_of(self, window: bool) -> Arena:
@@ -850,22 +907,30 @@ class Producer:
         serving releases. One thread publishes, so each member gets batches in order.
         """
         shared_frames = encode_batch(envs) if frames is None else frames
-        waiting: list[tuple[Member, list[Any], bool]] = []
-        for s in list(self._members.joined()):
+        owners = {r for e in envs for r in e.consumers}
+        request_id = envs[0].request_id
+        waiting: list[tuple[Member, list[Any], bool, str | None]] = []
+        targets = list(self._members.joined())
+        for s in targets:
             frames, track = self._frames_for(s, envs, shared_frames, staged)
-            if not self._try_send(s, frames, track, holds):
-                waiting.append((s, frames, track))
+            owned = request_id if s.rank in owners else None
+            if not self._try_send(s, frames, track, holds, owned):
+                waiting.append((s, frames, track, owned))
         deadline = time.monotonic() + self.slow_consumer_timeout
         pause = 0.0005
-        missed: list[Member] = []
+        missed = [s for s in targets if s.gone]  # its connection was gone when sent to
         while waiting:
             self._activity.wait(pause)  # releases the lock while it waits
             self._check_open()
             pause = min(pause * 2, 0.02)
-            missed += [s for s, _, _ in waiting if s.gone]  # died while we waited
-            waiting = [w for w in waiting if not w[0].gone and not self._try_send(*w, holds)]
+            missed += [w[0] for w in waiting if w[0].gone]  # died while we waited
+            waiting = [
+                w
+                for w in waiting
+                if not w[0].gone and not self._try_send(w[0], *w[1:3], holds, w[3])
+            ]
             if waiting and time.monotonic() > deadline:
-                for s, _, _ in waiting:
+                for s, *_ in waiting:
                     self._evict(
                         s,
                         f"its queue stayed full ({self._max_backlog} batches) "
@@ -908,9 +973,16 @@ class Producer:
         return encode_batch(remote_envs, slices), True
 
     def _try_send(
-        self, s: Member, frames: list[Any], track: bool, holds: dict[int, list[tuple[int, int]]]
+        self,
+        s: Member,
+        frames: list[Any],
+        track: bool,
+        holds: dict[int, list[tuple[int, int]]],
+        owned: str | None,
     ) -> bool:
-        """Queue a batch for a member; False if its queue is full (nothing was sent)."""
+        """Queue a batch for a member; False if its queue is full (nothing was sent). A
+        member whose connection is gone is ended (and the batch not sent). ``owned``: the
+        request id, if the member owns items of it (it stays outstanding until ``Done``)."""
         ident = s.ident or b""  # joined members always have one
         try:
             tracker = self._sock.send_multipart(
@@ -921,6 +993,9 @@ class Producer:
         except zmq.ZMQError as e:  # EHOSTUNREACH: its connection is gone
             self._members.end(s, f"its channel connection is gone ({e})")
             return True
+        s.sent += 1
+        if owned is not None:
+            s.outstanding[s.sent] = owned
         if track and tracker is not None:
             for start, gen in holds.get(s.id, ()):
                 self._trackers.append((tracker, start, gen, s))
@@ -994,6 +1069,8 @@ class Producer:
         self._thread.join(timeout=5)
         self.handover.close()
         with self._lock:
+            self._sock.disable_monitor()
+            self._monitor.close(0)
             self._sock.close(0)
         if self._auth is not None:
             self._auth.stop()
