@@ -16,7 +16,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
-from mmwire.transport import Background, ConfigurationError, PreprocessSpec, ResizePlan
+from mmwire.transport import (
+    MAX_IMAGE_PIXELS,
+    Background,
+    ConfigurationError,
+    PreprocessSpec,
+    ResizePlan,
+)
 
 from ._plan import K3_BACKGROUND, ProcessorConfig, plan_smart_resize
 
@@ -80,8 +86,8 @@ class QwenVLConfig:
     image_mean: tuple[float, float, float] = OPENAI_CLIP_MEAN
     image_std: tuple[float, float, float] = OPENAI_CLIP_STD
     rescale_factor: float = 1 / 255
-    max_input_pixels: int = 178_956_970
-    """Ceiling on an input image's ``W·H`` (Pillow's decompression-bomb threshold)."""
+    max_input_pixels: int = MAX_IMAGE_PIXELS
+    """Ceiling on an input image's ``W·H`` (``mmwire.transport.MAX_IMAGE_PIXELS``)."""
 
     def __post_init__(self) -> None:
         if not 0 < self.min_pixels <= self.max_pixels:

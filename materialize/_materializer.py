@@ -11,6 +11,7 @@ from typing import Any, Literal, Protocol, final
 import numpy as np
 import torch
 from mmwire.transport import (
+    MAX_IMAGE_PIXELS,
     ConfigurationError,
     CpuRef,
     EncodedImage,
@@ -84,12 +85,13 @@ class Materializer:
             CUDA ``device``); ``"cuda"`` uploads each raw item's uint8 pixels once and runs
             the ``mmwire.kernels`` pipeline there; ``"auto"`` (default) is ``"cuda"`` for a
             CUDA device when CuPy is installed, else ``"cpu"``. Both give the same bytes.
-        max_pixels: ceiling on a raw item's ``W·H``.
+        max_pixels: ceiling on a raw or encoded item's ``W·H`` (default
+            ``MAX_IMAGE_PIXELS``, 40 MP), checked from its header before it is decoded.
         max_output_bytes: ceiling on one batch's ``pixel_values``, checked before anything
             is allocated (default 4 GiB).
         decode_threads: threads that decode a batch's encoded items in parallel.
         max_decoded_bytes: ceiling on the pixels one batch's encoded items decode to (each
-            header is read and checked against its envelope first; default 4 GiB).
+            header is read and checked against its envelope first; default 1 GiB).
         models: the families this rank serves (``spec_for(...)`` results): on ``"cuda"``
             their kernels compile here, up front, rather than at their first batch
             (Kimi-K2.5's always do).
@@ -122,11 +124,11 @@ class Materializer:
         dtype: torch.dtype = torch.float32,
         *,
         backend: Literal["auto", "cpu", "cuda"] = "auto",
-        max_pixels: int = 178_956_970,
+        max_pixels: int = MAX_IMAGE_PIXELS,
         max_output_bytes: int = 4 << 30,
         models: Sequence[ModelSpec] = (),
         decode_threads: int = 4,
-        max_decoded_bytes: int = 4 << 30,
+        max_decoded_bytes: int = 1 << 30,
         cache_bytes: int = 0,
         gpu_decode: bool = False,
     ) -> None:

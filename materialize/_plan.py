@@ -7,7 +7,14 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from mmwire.transport import Background, Grid, MaterializeError, PreprocessSpec, ResizePlan
+from mmwire.transport import (
+    MAX_IMAGE_PIXELS,
+    Background,
+    Grid,
+    MaterializeError,
+    PreprocessSpec,
+    ResizePlan,
+)
 
 __all__ = [
     "K3_BACKGROUND",
@@ -82,8 +89,8 @@ class ProcessorConfig:
     image_mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
     image_std: tuple[float, float, float] = (0.5, 0.5, 0.5)
     background: Background | None = None
-    max_pixels: int = 178_956_970
-    """Ceiling on an input image's ``W·H`` (Pillow's decompression-bomb threshold)."""
+    max_pixels: int = MAX_IMAGE_PIXELS
+    """Ceiling on an input image's ``W·H`` (``mmwire.transport.MAX_IMAGE_PIXELS``)."""
     family: str = "kimi-k2.5"
 
     @property

@@ -464,3 +464,26 @@ def remote_hold(rank: int, endpoint: str, server: bytes, client: Any, q: Any) ->
             b = c.recv(timeout=60)
             held.append(b)
             q.put(("holding", b.envelopes[GlobalIndex(0)].request_id))
+
+
+def decode_costs(corpus: dict[str, bytes], q: Any) -> None:
+    """Decode each file as an owner does (``to_pixels``, the default ceiling) and report
+    ``{name: (outcome, seconds)}`` and how much the peak RSS grew over all of them, in MiB
+    (a high-water mark: no one file's peak exceeds it)."""
+    import resource
+
+    from mmwire.transport import MmwireError, to_pixels
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    report = {}
+    for name, data in corpus.items():
+        start = time.perf_counter()
+        try:
+            outcome = f"decoded {list(to_pixels(data).shape)}"
+        except MmwireError as e:
+            outcome = type(e).__name__
+        except Exception as e:  # an untyped escape is a failure the test reports
+            outcome = f"untyped {type(e).__name__}: {e}"
+        report[name] = (outcome, time.perf_counter() - start)
+    grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    q.put((report, grown))

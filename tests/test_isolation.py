@@ -7,14 +7,28 @@ from __future__ import annotations
 import io
 from typing import Any
 
+import bombs
 import msgspec
 import numpy as np
+import procs
+import pytest
 import xxhash
 from collide import xxh3_twins
 from helpers import settle
 from mmwire.materialize import Materializer, ProcessorConfig, preprocess_images
-from mmwire.transport import Consumer, GlobalIndex, IndexMap, Item, Producer
+from mmwire.transport import (
+    Consumer,
+    GlobalIndex,
+    ImageDecodeError,
+    IndexMap,
+    Item,
+    MaterializeError,
+    MmwireError,
+    Producer,
+    to_pixels,
+)
 from PIL import Image
+from test_cpu_backend import SPAWN
 
 KIMI = ProcessorConfig(in_patch_limit=400)
 
@@ -89,3 +103,54 @@ def test_xxh3_twin_images_each_get_their_own_features_from_the_owner_cache() -> 
             assert st is not None and st.misses == 2 and st.hits == 1  # a again, not b
         finally:
             c.close()
+
+
+def test_the_bomb_corpus_is_refused_before_allocation_or_decodes_within_bounds() -> None:
+    """Each file of the corpus is refused by publish without anything allocated, or ships and
+    decodes at the owner in < 2 s and < 512 MiB; the owner refuses what publish refused."""
+    corpus = bombs.corpus()
+    q = SPAWN.Queue()
+    owner = SPAWN.Process(target=procs.decode_costs, args=(corpus, q))
+    owner.start()
+    with Producer(arena_size=64 << 20) as p, Consumer(0, p.endpoint, handover=p.handover_path):
+        p.wait_for_consumers([0], 10)
+        refused = {}
+        for name, data in corpus.items():
+            held = p.statistics().arena.bytes_in_use
+            try:
+                p.publish(name, [Item(data, consumers=(0,), preprocess=KIMI)])
+                refused[name] = False
+            except MmwireError:
+                refused[name] = True
+                assert p.statistics().arena.bytes_in_use == held, name
+        # two huge-canvas WebPs in one 280-byte request: refused whole, nothing allocated
+        webp = bombs.animated_webp()
+        with pytest.raises(MaterializeError, match="pixel ceiling"):
+            p.publish("two", [Item(webp, consumers=(0,), preprocess=KIMI)] * 2)
+        assert p.statistics().arena.leases_total == 1  # only the bomb under the ceiling
+    report, grown = q.get(timeout=120)
+    owner.join(30)
+    assert grown < 512, report
+    for name, (outcome, seconds) in report.items():
+        assert not outcome.startswith("untyped"), (name, outcome)
+        assert refused[name] == (not outcome.startswith("decoded")), (name, outcome)
+        assert seconds < 2, (name, outcome, seconds)
+
+
+def test_an_animated_image_decodes_its_first_frame_only() -> None:
+    frames = [Image.fromarray(np.full((8, 10, 3), v, np.uint8)) for v in (10, 200, 90)]
+    for fmt, options in (("GIF", {}), ("WEBP", {"lossless": True}), ("PNG", {})):
+        out = io.BytesIO()
+        frames[0].save(out, fmt, save_all=True, append_images=frames[1:], **options)
+        pixels = to_pixels(out.getvalue())
+        assert pixels.shape == (8, 10, 3) and int(pixels.max()) == int(pixels.min()) == 10, fmt
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG", "GIF", "WEBP", "BMP"])
+def test_a_truncated_body_is_a_typed_error_never_padded(fmt: str) -> None:
+    pixels = np.random.default_rng(9).integers(0, 256, (120, 160, 3), np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, fmt)
+    cut = out.getvalue()[: len(out.getvalue()) * 3 // 4]
+    with pytest.raises(ImageDecodeError):
+        to_pixels(cut)

@@ -62,6 +62,7 @@ from ._index import LocalIndex as LocalIndex
 from ._index import LocalSlots as LocalSlots
 from ._items import Item as Item
 from ._mooncake import MooncakeTransfer as MooncakeTransfer
+from ._pixels import MAX_IMAGE_PIXELS as MAX_IMAGE_PIXELS
 from ._pixels import AlphaRule as AlphaRule
 from ._pixels import encoded_image as encoded_image
 from ._pixels import image_size as image_size
@@ -97,6 +98,7 @@ from ._views import torch_view as torch_view
 __all__ = [
     "DTYPES",
     "ENCODED_FORMATS",
+    "MAX_IMAGE_PIXELS",
     "READABLE_VERSIONS",
     "SCHEMA_VERSION",
     "AlphaRule",

@@ -26,6 +26,7 @@ from ._errors import (
     SchemaVersionError,
 )
 from ._index import GlobalIndex, GlobalTable
+from ._pixels import MAX_IMAGE_PIXELS
 from ._schema import (
     READABLE_VERSIONS,
     SCHEMA_VERSION,
@@ -49,7 +50,7 @@ class Limits:
         max_header_bytes: largest header frame.
     """
 
-    max_pixels: int = 178_956_970  # Pillow's DecompressionBombError threshold
+    max_pixels: int = MAX_IMAGE_PIXELS
     max_bytes: int = 2 << 30
     max_items: int = 4096
     max_header_bytes: int = 16 << 20

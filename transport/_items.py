@@ -24,7 +24,14 @@ from ._digest import digest_of, envelope_alpha
 from ._errors import InvalidRequest, MalformedEnvelope, MmwireError
 from ._handover import MAX_RANKS
 from ._index import GlobalIndex
-from ._pixels import encoded_image, image_size, pixel_shape, pixels_into, to_pixels
+from ._pixels import (
+    MAX_IMAGE_PIXELS,
+    encoded_image,
+    image_size,
+    pixel_shape,
+    pixels_into,
+    to_pixels,
+)
 from ._schema import (
     DTYPES,
     ENCODED_FORMATS,
@@ -145,7 +152,9 @@ class PreparedItem:
         """Put the item's host bytes into ``dst`` (uint8, ``nbytes`` long)."""
         if self.image is not None:
             alpha = self.spec.alpha if self.spec is not None else "keep"
-            pixels_into(self.image, dst.reshape(self.shape), alpha=alpha)
+            # its size was checked against the producer's ceiling when it was prepared
+            ceiling = self.shape[0] * self.shape[1]
+            pixels_into(self.image, dst.reshape(self.shape), alpha=alpha, max_pixels=ceiling)
         elif self.cuda is not None:
             torch.from_numpy(dst).view(self.cuda.dtype).view(self.cuda.shape).copy_(self.cuda)
         elif self.array is not None:
@@ -206,6 +215,7 @@ def prepare(
     on_device: tuple[tuple[int, ...], str] | None,
     *,
     digests: str = "images",
+    max_pixels: int = MAX_IMAGE_PIXELS,
 ) -> PreparedItem:
     """Turn one item's data into host bytes (unless ``on_device`` gives its pool placement's
     shape and dtype), resolve its spec and take its content digest where the data as given
@@ -217,7 +227,7 @@ def prepare(
     if on_device is not None:
         shape, dtype = on_device
         return PreparedItem(item, None, dtype, shape, _spec(item, shape, where))
-    p = _prepare(where, item)
+    p = _prepare(where, item, max_pixels)
     if digests == "all" or (digests == "images" and item.kind in ("raw", "encoded")):
         p = dataclasses.replace(p, digest=_source_digest(p))
     return p
@@ -248,7 +258,7 @@ def payload_digest(p: PreparedItem, shipped: Any) -> str:
     return digest_of(p.kind, p.dtype, p.shape, p.alpha, shipped)
 
 
-def _prepare(where: str, item: Item) -> PreparedItem:
+def _prepare(where: str, item: Item, max_pixels: int) -> PreparedItem:
     data = item.data
     if isinstance(data, torch.Tensor) and data.is_cuda:
         if item.kind not in ("raw", "encoded"):
@@ -266,7 +276,9 @@ def _prepare(where: str, item: Item) -> PreparedItem:
         spec = _spec(item, (height, width), where)
         alpha = spec.alpha if spec is not None else "keep"
         if isinstance(data, (bytes, bytearray, memoryview)) and not item.decode:
-            enc = located(where, lambda d: encoded_image(d, alpha=alpha), data)
+            enc = located(
+                where, lambda d: encoded_image(d, alpha=alpha, max_pixels=max_pixels), data
+            )
             if enc is not None:
                 buf = data if isinstance(data, (bytes, bytearray)) else bytes(data)
                 raw = np.frombuffer(buf, np.uint8)
@@ -275,7 +287,7 @@ def _prepare(where: str, item: Item) -> PreparedItem:
                 raise InvalidRequest(
                     f"{where}: an encoded item must be one of {sorted(ENCODED_FORMATS)}"
                 )
-        shape = located(where, lambda d: pixel_shape(d, alpha=alpha), data)
+        shape = located(where, lambda d: pixel_shape(d, alpha=alpha, max_pixels=max_pixels), data)
         return PreparedItem(item, None, "uint8", shape, spec, image=data)
     arr, dtype = located(where, lambda d: _as_array(d, where), data)
     dims = tuple(int(d) for d in arr.shape)

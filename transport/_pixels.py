@@ -25,6 +25,15 @@ Pillow's ``alpha_composite`` over opaque white for every byte pair too; the resu
 
 Every refusal is a :class:`MaterializeError`; empty images and images over ``max_pixels``
 are refused too.
+
+What decoding an untrusted file may cost is bounded before it starts: the size is read from
+the header and checked against ``max_pixels`` (default :data:`MAX_IMAGE_PIXELS`, 40 MP: a
+photo from any phone or camera fits, a 13000x13000 canvas declared in a 96-byte animated
+WebP does not); animated files decode their first frame only, which is what the reference
+processors see; a JPEG with more scans than any encoder writes, or whose last scan has no
+end, is refused from its bytes (a truncated JPEG otherwise decodes with its missing part
+filled in, without an error); other truncated bodies fail in Pillow's decoder. All of them
+are :class:`ImageDecodeError`.
 """
 
 from __future__ import annotations
@@ -45,6 +54,7 @@ from ._errors import ImageDecodeError, MaterializeError
 from ._schema import ENCODED_FORMATS, EncodedImage
 
 __all__ = [
+    "MAX_IMAGE_PIXELS",
     "SUPPORTED_MODES",
     "AlphaRule",
     "encoded_image",
@@ -62,7 +72,14 @@ SUPPORTED_MODES = frozenset(
 )
 """PIL modes an image may have; others (16-bit, float) are refused."""
 
-_DEFAULT_MAX_PIXELS = 178_956_970  # Pillow's DecompressionBombError threshold
+MAX_IMAGE_PIXELS = 40_000_000
+"""The default per-image pixel ceiling (``W·H``) of the producer, the owner and the codec."""
+
+_DEFAULT_MAX_PIXELS = MAX_IMAGE_PIXELS
+
+_MAX_JPEG_SCANS = 100
+"""More scans than any encoder writes (libjpeg's progressive mode: about 10). Each scan of a
+progressive JPEG walks every block of the image, so scans multiply its decode time."""
 
 
 def keeps_alpha(image: Image.Image) -> bool:
@@ -283,6 +300,19 @@ def _pil_into(
         raise ImageDecodeError(f"the image's pixels do not decode: {e}") from e
 
 
+def _check_jpeg_body(raw: bytes) -> None:
+    """``ImageDecodeError`` for a JPEG with more scans than ``_MAX_JPEG_SCANS`` or whose last
+    scan never ends. Entropy-coded data never holds ``FF DA`` (start of scan) or ``FF D9``
+    (end of image): a 0xFF there is followed by 0x00 or a restart marker."""
+    scans = raw.count(b"\xff\xda")
+    if scans > _MAX_JPEG_SCANS:
+        raise ImageDecodeError(
+            f"the JPEG has {scans} scans, over {_MAX_JPEG_SCANS}: no encoder writes that many"
+        )
+    if raw.find(b"\xff\xd9", max(raw.rfind(b"\xff\xda"), 0)) < 0:
+        raise ImageDecodeError("the JPEG is truncated: its last scan has no end of image")
+
+
 @contextlib.contextmanager
 def _opened(data: bytes | bytearray | memoryview) -> Iterator[Image.Image]:
     """An encoded image opened (header read, no pixels decoded), Pillow's errors typed."""
@@ -292,6 +322,8 @@ def _opened(data: bytes | bytearray | memoryview) -> Iterator[Image.Image]:
             # The ceiling is ours (`max_pixels`), checked from the header alone.
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             with Image.open(io.BytesIO(raw)) as im:
+                if im.format == "JPEG":
+                    _check_jpeg_body(raw)
                 yield im
     except MaterializeError:
         raise

@@ -87,6 +87,7 @@ from ._items import (
 )
 from ._mooncake import MooncakeTransfer, TransferSource
 from ._pinning import pin_host, unpin_host
+from ._pixels import MAX_IMAGE_PIXELS
 from ._schema import CpuRef, CudaIpcRef, FabricRef, FeatureEnvelope, InlineRef
 from ._select import BackendChoice
 
@@ -190,6 +191,9 @@ class Producer:
             and never released before its member ended (on the producer's control thread,
             under its lock: hand it on, do not block or call the producer). Without it,
             :meth:`take_lost` returns them.
+        max_image_pixels: the largest image (``W·H``) a request may carry, checked from its
+            header before anything is decoded or shipped (default 40 MP; the owner checks
+            it again with its own ``Materializer(max_pixels=)``).
         reuse: keep released payloads resident in the arena, and point a request whose
             payload is resident at it instead of copying it again (its lease is then
             referenced by both requests); resident payloads are evicted, least recently
@@ -222,6 +226,7 @@ class Producer:
         reuse: bool = True,
         transfer: MooncakeTransfer | None = None,
         on_lost: Callable[[LostRequest], None] | None = None,
+        max_image_pixels: int = MAX_IMAGE_PIXELS,
     ) -> None:
         self.closed = True  # until every resource below exists
         self._on_lost = on_lost
@@ -270,6 +275,7 @@ class Producer:
                 self.arena.close()
                 raise
         self.digests = digests
+        self.max_image_pixels = max_image_pixels
         self.reuse = reuse
         self.on_full = on_full
         self.full_timeout = full_timeout
@@ -662,6 +668,7 @@ class Producer:
                     item,
                     placed[k][1:] if k in placed else None,
                     digests=self.digests,
+                    max_pixels=self.max_image_pixels,
                 )
                 for k, item in enumerate(items)
             ]
