@@ -270,3 +270,42 @@ def test_a_thread_that_releases_after_the_consumer_closed_does_not_raise() -> No
         t.start()
         t.join(5)
         assert not t.is_alive()
+
+
+def test_a_cancelled_publish_is_withdrawn_or_reported_sent_never_duplicated() -> None:
+    taken = threading.Event()
+
+    def spec_on_the_worker(width: int, height: int) -> Any:
+        taken.set()  # the worker thread is running this publish
+        return raw_spec(width, height)
+
+    async def main() -> None:
+        async with (
+            AsyncProducer(arena_size=4 << 20, full_timeout=10) as ap,
+            AsyncConsumer(0, ap.address) as c,
+        ):
+            await ap.wait_for_consumers([0], 10)
+            imgs = [_distinct(i, (700, 700, 3)) for i in range(3)]  # two fit
+            await ap.publish("a", [_item(imgs[0])])
+            await ap.publish("b", [_item(imgs[1])])
+            # "c" is taken by the worker and waits for room; "d" is queued behind it
+            third = Item(imgs[2], consumers=(0,), preprocess=spec_on_the_worker)
+            started = asyncio.create_task(ap.publish("c", [third]))
+            queued = asyncio.create_task(ap.publish("d", [_item(_distinct(9))]))
+            assert await asyncio.get_running_loop().run_in_executor(None, taken.wait, 10)
+            started.cancel()
+            queued.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await queued  # withdrawn: never sent
+            (await c.recv(5)).release()  # room for "c"
+            sent = await asyncio.wait_for(started, 10)  # sent: its envelopes, not an error
+            assert [e.request_id for e in sent] == ["c"]
+            await ap.publish("e", [_item(_distinct(8))])
+            names = []
+            for _ in range(3):
+                async with c.recv(5) as batch:
+                    names.append(batch.envelopes[GlobalIndex(0)].request_id)
+            assert names == ["b", "c", "e"]
+            assert c.try_recv() is None
+
+    asyncio.run(main())

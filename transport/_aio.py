@@ -11,11 +11,18 @@ a publish decodes, hashes and copies payloads (milliseconds for a large image), 
 would stall every other request if it ran on the loop. One worker keeps the producer's
 "one thread publishes" rule, so each rank receives the requests in the order they were
 awaited. Back-pressure (a full arena, a full consumer queue) is awaited, not blocked on.
+
+Cancellation never makes a duplicate: a publish cancelled before the worker takes it is
+withdrawn (nothing is sent, ``CancelledError``); one cancelled after the worker took it is
+finished, and the coroutine returns its envelopes (or raises its ``MmwireError``) instead of
+``CancelledError``, so the caller knows the request was sent and must not send it again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 import time
 from collections.abc import Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -125,6 +132,15 @@ class _Receiving:
             self._batch.release()
 
 
+class _Job:
+    """One async publish: whether the worker took it, or the caller withdrew it first."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.started = False
+        self.withdrawn = False
+
+
 @final
 class AsyncProducer:
     """A producer for an asyncio frontend: ``await publish(...)`` never blocks the loop.
@@ -142,11 +158,37 @@ class AsyncProducer:
         return self.producer.address
 
     async def publish(self, request_id: str, items: Sequence[Item]) -> list[FeatureEnvelope]:
-        """:meth:`Producer.publish` on the producer's worker thread; raises what it raises."""
+        """:meth:`Producer.publish` on the producer's worker thread; raises what it raises.
+
+        Cancelled before the worker takes it: withdrawn, nothing sent (``CancelledError``).
+        Cancelled after: it finishes, and this returns its envelopes (the request was sent)
+        or raises its error, never ``CancelledError``.
+        """
         if self.producer.closed:
             raise ClosedResourceError("this AsyncProducer was closed")
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._worker, self.producer.publish, request_id, items)
+        job = _Job()
+
+        def run() -> list[FeatureEnvelope] | None:
+            with job.lock:
+                if job.withdrawn:
+                    return None
+                job.started = True
+            return self.producer.publish(request_id, items)
+
+        done = asyncio.wrap_future(self._worker.submit(run))
+        try:
+            result = await asyncio.shield(done)
+        except asyncio.CancelledError:
+            with job.lock:
+                if not job.started:
+                    job.withdrawn = True
+                    raise
+            while not done.done():  # taken by the worker: finish it, whatever comes
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.shield(done)
+            result = done.result()
+        assert result is not None  # only a withdrawn job returns None
+        return result
 
     async def wait_for_consumers(self, ranks: Sequence[int], timeout: float = 30.0) -> None:
         """Until every rank in ``ranks`` has joined; ``TimeoutError`` otherwise."""
