@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing as mp
-import shutil
-import tempfile
+import secrets
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -21,10 +20,9 @@ class Ranks:
     def __init__(
         self, target: Callable[..., None], n: int, args: Callable[[int], Sequence[Any]]
     ) -> None:
-        self._dir = tempfile.mkdtemp(prefix="mmwire-bench-")
         self.ctx: zmq.Context[Any] = zmq.Context()
         self.sock = self.ctx.socket(zmq.PULL)
-        self.report = f"ipc://{self._dir}/report"
+        self.report = f"ipc://@mmwire-bench-{secrets.token_hex(8)}-report"  # abstract: no file
         self.sock.bind(self.report)
         spawn = mp.get_context("spawn")
         self.procs = [
@@ -62,4 +60,3 @@ class Ranks:
                 p.kill()
         self.sock.close(0)
         self.ctx.term()
-        shutil.rmtree(self._dir, ignore_errors=True)

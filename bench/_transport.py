@@ -17,8 +17,6 @@ import os
 import pickle  # the peers' way, reproduced for comparison only
 import resource
 import secrets
-import shutil
-import tempfile
 import time
 import warnings
 from collections.abc import Callable
@@ -99,7 +97,7 @@ class _Mmwire(_Method):
 class _ZmqFanout(_Method):
     def __init__(self, n: int, target: Callable[..., None], tcp: bool = False) -> None:
         super().__init__(n)
-        self.tmp = tempfile.mkdtemp(prefix="mmwire-bench-")
+        self.tmp = f"@mmwire-bench-{secrets.token_hex(8)}"  # abstract sockets: no files
         self.ctx: zmq.Context[Any] = zmq.Context()
         self.socks = [self.ctx.socket(zmq.PUSH) for _ in range(n)]
         eps = []
@@ -114,7 +112,6 @@ class _ZmqFanout(_Method):
         for s in self.socks:
             s.close(0)
         self.ctx.term()
-        shutil.rmtree(self.tmp, ignore_errors=True)
 
     def stop(self) -> None:
         raise NotImplementedError

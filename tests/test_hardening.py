@@ -13,6 +13,7 @@ import os
 import signal
 import socket
 import struct
+import tempfile
 import threading
 import time
 import zlib
@@ -30,6 +31,7 @@ from mmwire.transport import (
     CpuRef,
     CurveKeys,
     EnvelopeError,
+    FrameError,
     GlobalIndex,
     HandoverRefused,
     ImageDecodeError,
@@ -40,9 +42,10 @@ from mmwire.transport import (
     MmwireError,
     PeerGone,
     Producer,
+    WaitTimeout,
 )
 from mmwire.transport._control import ENCODER, Release
-from mmwire.transport._handover import receive_arena
+from mmwire.transport._handover import receive_arena, socket_address
 from PIL import Image
 from test_cpu_backend import SPAWN, _Inbox
 
@@ -259,12 +262,12 @@ def test_the_handover_survives_empty_garbage_silent_and_absurd_connections(
         _hello(0),  # a live rank: refused
     ]:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.connect(p.handover_path)
+        s.connect(socket_address(p.handover_path))
         s.sendall(payload)
         s.close()
     for _ in range(5):  # silent connections stay open while others are served
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.connect(p.handover_path)
+        s.connect(socket_address(p.handover_path))
         silent.append(s)
     t0 = time.monotonic()
     c2 = Consumer(2, p.endpoint, handover=p.handover_path)
@@ -291,7 +294,7 @@ def test_a_consumer_that_dies_holding_a_lease_is_cleaned_after_a_hostile_handove
     inbox = _Inbox()
     try:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.connect(p.handover_path)
+        s.connect(socket_address(p.handover_path))
         s.close()  # the empty connection that used to kill the handover thread
         kid = SPAWN.Process(
             target=procs.consume, args=(0, p.endpoint, p.handover_path, 1, inbox.q, True)
@@ -879,3 +882,63 @@ def test_every_request_a_killed_remote_rank_never_finished_is_reported() -> None
             kid.kill()
         local.close()
         p.close()
+
+
+def _mmwire_dirs() -> set[str]:
+    return {d for d in os.listdir(tempfile.gettempdir()) if d.startswith("mmwire")}
+
+
+def test_failing_constructors_leave_no_fds_threads_or_folders_behind() -> None:
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    port = busy.getsockname()[1]
+    dirs, fds, threads = _mmwire_dirs(), _fds() - 1, threading.active_count()  # less `busy`
+    try:
+        for _ in range(20):  # the arena, handover, CURVE thread and context exist; bind fails
+            with pytest.raises(MmwireError):
+                Producer(f"tcp://127.0.0.1:{port}", arena_size=1 << 20, curve=CurveKeys.generate())
+            with pytest.raises(ConfigurationError):
+                Producer(arena_size=0)
+    finally:
+        busy.close()
+    assert _fds() == fds and threading.active_count() == threads
+    assert _mmwire_dirs() == dirs
+
+
+def test_a_closed_or_killed_producer_leaves_no_files() -> None:
+    dirs = _mmwire_dirs()
+    with Producer(arena_size=1 << 20) as p:
+        assert p.handover_path.startswith("@") and p.endpoint.startswith("ipc://@")
+        assert _mmwire_dirs() == dirs
+    q = SPAWN.Queue()
+    kid = SPAWN.Process(target=procs.producer_then_die, args=(q,))
+    kid.start()
+    _, handover = q.get(timeout=60)
+    kid.kill()
+    kid.join(10)
+    assert _mmwire_dirs() == dirs
+    with pytest.raises(PeerGone):  # its abstract socket went with it
+        receive_arena(handover, rank=0, timeout=2)
+
+
+def test_errors_are_typed_and_a_wait_names_what_it_waited_for() -> None:
+    import numpy as np
+
+    with Producer(arena_size=1 << 20) as p:
+        with pytest.raises(WaitTimeout, match=r"never saw ranks \[3\]"):
+            p.wait_for_consumers([3], timeout=0.2)
+        with (
+            Consumer(0, p.endpoint, handover=p.handover_path) as c,
+            pytest.raises(FrameError, match="contiguous"),
+        ):
+            c.decode([memoryview(np.arange(64, dtype=np.uint8)[::2])])
+    with Producer(arena_size=1 << 20) as p, Producer(arena_size=1 << 20) as other:
+        # a rank handed one producer's arena that joins another's channel: nothing comes
+        c = Consumer(0, other.endpoint, handover=p.handover_path)
+        try:
+            with pytest.raises(WaitTimeout, match="may never have seen this rank") as info:
+                c.recv(timeout=0.3)
+            assert isinstance(info.value, TimeoutError)
+        finally:
+            c.close()

@@ -52,6 +52,7 @@ from ._errors import SchemaVersionError as SchemaVersionError
 from ._errors import StaleReference as StaleReference
 from ._errors import TransportError as TransportError
 from ._errors import UnknownDtype as UnknownDtype
+from ._errors import WaitTimeout as WaitTimeout
 from ._gpu import DevicePoolStatistics as DevicePoolStatistics
 from ._group import ConsumerGroup as ConsumerGroup
 from ._group import ProducerAddress as ProducerAddress
@@ -164,6 +165,7 @@ __all__ = [
     "TensorSpec",
     "TransportError",
     "UnknownDtype",
+    "WaitTimeout",
     "choose_backend",
     "encode_batch",
     "encoded_image",

@@ -32,7 +32,7 @@ import zmq
 import zmq.asyncio
 
 from ._consumer import ReceivedBatch
-from ._errors import ClosedResourceError, ConfigurationError
+from ._errors import ClosedResourceError, ConfigurationError, WaitTimeout
 from ._group import ConsumerGroup, ProducerAddress
 from ._items import Item
 from ._producer import Producer, ProducerStatistics
@@ -82,7 +82,7 @@ class AsyncConsumer:
     def recv(self, timeout: float | None = None) -> _Receiving:
         """The next batch of any producer: await it, or ``async with`` it.
 
-        Raises like :meth:`ConsumerGroup.try_recv`, and ``TimeoutError`` after ``timeout``.
+        Raises like :meth:`ConsumerGroup.try_recv`, and ``WaitTimeout`` after ``timeout``.
         """
         return _Receiving(self._next(timeout))
 
@@ -96,7 +96,7 @@ class AsyncConsumer:
             if deadline is not None:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise TimeoutError(f"rank {self.rank}: no batch within {timeout} s")
+                    raise WaitTimeout(self.group.waited_in_vain(timeout))
                 wait = min(wait, max(1, int(left * 1000)))
             await self._poller.poll(wait)
 
@@ -191,7 +191,7 @@ class AsyncProducer:
         return result
 
     async def wait_for_consumers(self, ranks: Sequence[int], timeout: float = 30.0) -> None:
-        """Until every rank in ``ranks`` has joined; ``TimeoutError`` otherwise."""
+        """Until every rank in ``ranks`` has joined; ``WaitTimeout`` otherwise."""
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.producer.wait_for_consumers, ranks, timeout)
 

@@ -81,7 +81,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._errors import ArenaFull, ClosedResourceError
+from ._errors import ArenaFull, ClosedResourceError, ConfigurationError
 
 __all__ = ["ARENA_HEADER", "LEASE_HEADER", "Arena", "ArenaStatistics", "Lease"]
 
@@ -168,7 +168,7 @@ class Arena:
 
     def __init__(self, size: int = 1 << 30, *, prefault: bool = True, retain: bool = True) -> None:
         if size < ARENA_HEADER + PAGE:
-            raise ValueError(
+            raise ConfigurationError(
                 f"`arena_size` must be at least {ARENA_HEADER + PAGE} bytes, got {size}"
             )
         size = _align(size, PAGE)

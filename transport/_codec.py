@@ -137,9 +137,11 @@ def _as_bytes(frame: Any, what: str) -> memoryview:
     buf = getattr(frame, "buffer", frame)  # zmq.Frame exposes .buffer
     try:
         mv = memoryview(buf)
+        return mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
     except TypeError:
         raise FrameError(f"{what} is not a bytes-like frame: {type(frame).__name__}") from None
-    return mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
+    except BufferError as e:  # a strided (non-contiguous) buffer
+        raise FrameError(f"{what} is not a contiguous bytes-like frame: {e}") from None
 
 
 def _check_batch(header: _Header, frame_sizes: Sequence[int], limits: Limits) -> None:

@@ -66,6 +66,7 @@ from ._errors import (
     OffsetError,
     PeerGone,
     StaleReference,
+    WaitTimeout,
 )
 from ._gpu import ConsumerDevice
 from ._handover import check_rank, receive_arena
@@ -204,6 +205,7 @@ class Consumer:
         self._sock.send(ENCODER.encode(join))
         self._batches = 0
         self._received = 0  # batches taken off the channel: their numbers, for ``Done``
+        self._heard = False  # anything at all came from the producer
         self._opened = 0
         self._opened_bytes = 0
         self._held: collections.Counter[tuple[int, int]] = collections.Counter()
@@ -226,7 +228,7 @@ class Consumer:
             return False
 
     def recv(self, timeout: float | None = None) -> ReceivedBatch:
-        """The next batch; ``TimeoutError`` after ``timeout`` s, ``PeerGone`` if the producer
+        """The next batch; ``WaitTimeout`` after ``timeout`` s, ``PeerGone`` if the producer
         died or ended this member, ``HandoverRefused`` if it refused this rank's join.
 
         A malformed batch raises its ``EnvelopeError`` and is dropped; the next call
@@ -241,7 +243,7 @@ class Consumer:
             if not self.producer_alive():
                 raise PeerGone(self._gone_reason())
             if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"rank {self.rank}: no batch within {timeout} s")
+                raise WaitTimeout(self.waited_in_vain(timeout))
 
     def try_recv(self) -> ReceivedBatch | None:
         """The next batch if one is waiting, else ``None``; never blocks.
@@ -276,6 +278,7 @@ class Consumer:
                 if not self._sock.poll(wait_ms, zmq.POLLIN):
                     return None
                 frames = self._sock.recv_multipart(copy=False)
+            self._heard = True
             if len(frames) == 2 and frames[0].bytes == TRANSFER_OFFER and self._puller:
                 self._puller.offer = decode_offer(frames[1].bytes)
                 continue
@@ -293,6 +296,16 @@ class Consumer:
             if batch.owned:
                 batch._seq = seq
             return batch
+
+    def waited_in_vain(self, timeout: float | None) -> str:
+        """Why a wait of ``timeout`` s for a batch came back empty, for a ``WaitTimeout``."""
+        if self._heard:
+            return f"rank {self.rank}: no batch from {self.endpoint} within {timeout} s"
+        return (
+            f"rank {self.rank}: nothing at all came from {self.endpoint} within {timeout} s: "
+            "the producer may never have seen this rank (check the endpoint, and that the "
+            "producer named this rank in a request)"
+        )
 
     def _gone_reason(self) -> str:
         if self._cut_off is not None:

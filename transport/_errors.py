@@ -27,6 +27,7 @@ Tree::
     │   ├── HandoverRefused                   credentials check failed on the handover socket
     │   ├── BackendUnavailable                a backend's library or driver is missing
     │   └── IntegrityError                    pulled bytes are not those their digest names
+    ├── WaitTimeout (also TimeoutError)       what a call waited for did not come in time
     ├── ClosedResourceError                   *your* code closed the object before using it
     ├── BusyResourceError                     concurrent use of a single-user object
     └── MaterializeError (also ValueError)    a request's pixels cannot be turned into features
@@ -61,6 +62,7 @@ __all__ = [
     "StaleReference",
     "TransportError",
     "UnknownDtype",
+    "WaitTimeout",
 ]
 
 
@@ -148,6 +150,11 @@ class BackendUnavailable(TransportError):
 class IntegrityError(TransportError):
     """Bytes read over an unauthenticated data plane that are not those their envelope's
     digest names: someone wrote into the transfer window or the receive pool."""
+
+
+class WaitTimeout(MmwireError, TimeoutError):
+    """What a call waited for (a batch, a rank's join) did not come within its timeout; the
+    message names the rank or producer and what it waited for."""
 
 
 class ClosedResourceError(MmwireError):

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, final
 
 from ._consumer import Consumer, ConsumerStatistics, ReceivedBatch
-from ._errors import ClosedResourceError, ConfigurationError, PeerGone
+from ._errors import ClosedResourceError, ConfigurationError, PeerGone, WaitTimeout
 
 __all__ = ["ConsumerGroup", "ProducerAddress"]
 
@@ -93,17 +93,21 @@ class ConsumerGroup:
         return None
 
     def recv(self, timeout: float | None = None) -> ReceivedBatch:
-        """The next batch of any producer; ``TimeoutError`` after ``timeout`` s."""
+        """The next batch of any producer; ``WaitTimeout`` after ``timeout`` s."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             batch = self.try_recv()
             if batch is not None:
                 return batch
             if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"rank {self.rank}: no batch within {timeout} s")
+                raise WaitTimeout(self.waited_in_vain(timeout))
             # zmq's descriptors are edge-triggered: the slice bounds a missed edge's cost
             with contextlib.suppress(OSError, ValueError):
                 select.select([self.members[k].fileno() for k in self._live], [], [], _SLICE_S)
+
+    def waited_in_vain(self, timeout: float | None) -> str:
+        """Why a wait for a batch came back empty: each producer's own reason."""
+        return "; ".join(self.members[k].waited_in_vain(timeout) for k in self._live)
 
     def statistics(self) -> list[ConsumerStatistics]:
         """Each member's statistics, in the order of ``producers``."""

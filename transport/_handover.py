@@ -69,6 +69,12 @@ MAX_RANKS = 1 << 16
 _MAX_MESSAGE = 1 << 16
 
 
+def socket_address(path: str) -> str:
+    """The address to bind or connect: ``@name`` is the abstract socket ``name`` (no file,
+    gone with its process, reachable from the same network namespace), else a file path."""
+    return "\0" + path[1:] if path.startswith("@") else path
+
+
 def check_rank(rank: object) -> int:
     """``rank`` if it is an int in ``[0, MAX_RANKS)``, else ``ConfigurationError``."""
     if type(rank) is not int or not 0 <= rank < MAX_RANKS:
@@ -143,7 +149,7 @@ class HandoverServer:
         self._on_gone = on_gone
         self._hello_timeout = hello_timeout
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        self._listener.bind(self.path)
+        self._listener.bind(socket_address(self.path))
         self._listener.listen(128)
         self._listener.setblocking(False)
         self._pending: dict[socket.socket, _Pending] = {}
@@ -339,8 +345,9 @@ class HandoverServer:
             self._offered.clear()
         os.close(self._wake_r)
         os.close(self._wake_w)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
+        if not self.path.startswith("@"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
 
 
 def _pid_of(conn: socket.socket) -> int | str:
@@ -391,7 +398,7 @@ def receive_arena(
     conn.settimeout(timeout)
     fds: list[int] = []
     try:
-        conn.connect(path)
+        conn.connect(socket_address(path))
         try:
             conn.sendall(_frame(_ENC.encode(Hello(rank=rank, pid=os.getpid(), replace=replace))))
         except (BrokenPipeError, ConnectionResetError):

@@ -46,9 +46,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
 import select
-import shutil
-import tempfile
 import threading
 import time
 import warnings
@@ -71,6 +70,7 @@ from ._errors import (
     ClosedResourceError,
     ConfigurationError,
     PeerGone,
+    WaitTimeout,
 )
 from ._gpu import DevicePoolMode, DevicePoolStatistics, ProducerDevice
 from ._group import ProducerAddress
@@ -257,80 +257,114 @@ class Producer:
         ):
             if not value > 0:
                 raise ConfigurationError(f"`{name}` must be positive, got {value}")
-        self._device = ProducerDevice(
-            device_pool,
-            None if device is None else torch.device(device),
-            device_pool_size,
-            spans_hosts=tcp,
-            on_full=on_pool_full,
-            full_timeout=full_timeout,
-        )
-        self._dir = tempfile.mkdtemp(prefix="mmwire-")
-        os.chmod(self._dir, 0o700)
-        self.arena = Arena(arena_size, prefault=prefault, retain=reuse)
-        if transfer is not None:
-            try:
+        # abstract Unix sockets: no file to leave behind, gone with this process
+        name = secrets.token_hex(8)
+        try:
+            self._device = ProducerDevice(
+                device_pool,
+                None if device is None else torch.device(device),
+                device_pool_size,
+                spans_hosts=tcp,
+                on_full=on_pool_full,
+                full_timeout=full_timeout,
+            )
+            self.arena = Arena(arena_size, prefault=prefault, retain=reuse)
+            if transfer is not None:
                 self._transfer = TransferSource(transfer)
-            except BaseException:
-                self.arena.close()
-                raise
-        self.digests = digests
-        self.max_image_pixels = max_image_pixels
-        self.reuse = reuse
-        self.on_full = on_full
-        self.full_timeout = full_timeout
-        self.slow_consumer_timeout = slow_consumer_timeout
-        self.lease_timeout = lease_timeout
-        self.join_timeout = join_timeout
-        self._limits = Limits()
-        self._max_backlog = max_backlog
-        self._lock = threading.RLock()
-        self._activity = threading.Condition(self._lock)
-        self._members = Members(self._member_ended)
-        self._remote_ok = tcp
-        self._curve = curve is not None
-        self._trackers: list[tuple[zmq.MessageTracker, int, int, Member]] = []
-        self._inline_fallbacks = 0
-        self._warned_inline = False
-        self._counts = {"ended": 0, "evicted": 0, "joins": 0, "dropped": 0, "ignored": 0}
-        self._noted: set[str] = set()
-        self._last_sweep = 0.0
-        self._last_ping = 0.0
-        fds = [self.arena.readonly_fd]
-        if self._device.fd is not None:
-            fds.append(self._device.fd)
-        self.handover = HandoverServer(
-            os.path.join(self._dir, "handover.sock"),
-            fds,
-            self._admit,
-            self._handover_closed,
-            allowed_uids=allowed_uids,
-        )
-        self._ctx = zmq.Context()
-        self._auth: Any = None
-        self._sock = self._ctx.socket(zmq.ROUTER)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a full or unknown peer raises, never drops
-        self._sock.setsockopt(zmq.SNDHWM, max_backlog)
-        self._sock.setsockopt(zmq.RCVHWM, 100_000)
-        self._sock.setsockopt(zmq.MAXMSGSIZE, 1 << 12)  # control messages are tiny
-        # A peer that vanishes without closing (a remote host's crash) is dropped in 10 s.
-        self._sock.setsockopt(zmq.HEARTBEAT_IVL, 2000)
-        self._sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 10_000)
-        if curve is not None:
-            self._start_curve(curve, curve_clients)
-        self._sock.bind(endpoint or f"ipc://{self._dir}/channel")
-        # a peer's disconnection makes the control loop check the remote members at once
-        self._monitor = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-        self.endpoint: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._zmq_fd = int(self._sock.getsockopt(zmq.FD))
-        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-        self._arena_pinned: bool | None = None  # None: not tried yet
-        if device is not None and torch.device(device).type == "cuda":
-            self._pin_arena()  # at start, rather than in the first such request
+            self.digests = digests
+            self.max_image_pixels = max_image_pixels
+            self.reuse = reuse
+            self.on_full = on_full
+            self.full_timeout = full_timeout
+            self.slow_consumer_timeout = slow_consumer_timeout
+            self.lease_timeout = lease_timeout
+            self.join_timeout = join_timeout
+            self._limits = Limits()
+            self._max_backlog = max_backlog
+            self._lock = threading.RLock()
+            self._activity = threading.Condition(self._lock)
+            self._members = Members(self._member_ended)
+            self._remote_ok = tcp
+            self._curve = curve is not None
+            self._trackers: list[tuple[zmq.MessageTracker, int, int, Member]] = []
+            self._inline_fallbacks = 0
+            self._warned_inline = False
+            self._counts = {"ended": 0, "evicted": 0, "joins": 0, "dropped": 0, "ignored": 0}
+            self._noted: set[str] = set()
+            self._last_sweep = 0.0
+            self._last_ping = 0.0
+            fds = [self.arena.readonly_fd]
+            if self._device.fd is not None:
+                fds.append(self._device.fd)
+            self.handover = HandoverServer(
+                f"@mmwire-{name}-handover",
+                fds,
+                self._admit,
+                self._handover_closed,
+                allowed_uids=allowed_uids,
+            )
+            self._ctx = zmq.Context()
+            self._auth: Any = None
+            self._sock = self._ctx.socket(zmq.ROUTER)
+            self._sock.setsockopt(zmq.LINGER, 0)
+            self._sock.setsockopt(
+                zmq.ROUTER_MANDATORY, 1
+            )  # a full or unknown peer raises, never drops
+            self._sock.setsockopt(zmq.SNDHWM, max_backlog)
+            self._sock.setsockopt(zmq.RCVHWM, 100_000)
+            self._sock.setsockopt(zmq.MAXMSGSIZE, 1 << 12)  # control messages are tiny
+            # A peer that vanishes without closing (a remote host's crash) is dropped in 10 s.
+            self._sock.setsockopt(zmq.HEARTBEAT_IVL, 2000)
+            self._sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 10_000)
+            if curve is not None:
+                self._start_curve(curve, curve_clients)
+            address = endpoint or f"ipc://@mmwire-{name}-channel"
+            try:
+                self._sock.bind(address)
+            except zmq.ZMQError as e:
+                raise ConfigurationError(f"cannot bind the channel to {address!r}: {e}") from e
+            # a remote peer's disconnection makes the control loop check the remote members
+            # at once (local members end with their handover connection)
+            self._monitor = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED) if tcp else None
+            self.endpoint: str = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+            self._zmq_fd = int(self._sock.getsockopt(zmq.FD))
+            self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+            self._arena_pinned: bool | None = None  # None: not tried yet
+            if device is not None and torch.device(device).type == "cuda":
+                self._pin_arena()  # at start, rather than in the first such request
+        except BaseException:
+            self._abandon()
+            raise
         self.closed = False
         self._thread = threading.Thread(target=self._serve, name="mmwire-control", daemon=True)
         self._thread.start()
+
+    def _abandon(self) -> None:
+        """Close what a constructor that failed had opened (none of it was shared yet)."""
+        handover = getattr(self, "handover", None)
+        if handover is not None:
+            handover.close()
+        for name in ("_monitor", "_sock"):
+            sock = getattr(self, name, None)
+            if sock is not None:
+                sock.close(0)
+        if getattr(self, "_auth", None) is not None:
+            self._auth.stop()
+        ctx = getattr(self, "_ctx", None)
+        if ctx is not None:
+            ctx.term()
+        for name in ("_wake_r", "_wake_w"):
+            fd = getattr(self, name, None)
+            if fd is not None:
+                os.close(fd)
+        if self._transfer is not None:
+            self._transfer.close()
+        arena = getattr(self, "arena", None)
+        if arena is not None:
+            arena.close()
+        device = getattr(self, "_device", None)
+        if device is not None:
+            device.close()
 
     def _start_curve(self, keys: CurveKeys, clients: Collection[bytes]) -> None:
         from zmq.auth.thread import ThreadAuthenticator
@@ -460,7 +494,7 @@ class Producer:
     def _service(self) -> None:
         """Process everything pending: messages, finished sends, timeouts (under the lock)."""
         busy = False
-        if self._remote_ok and self._monitor.poll(0):
+        if self._monitor is not None and self._monitor.poll(0):
             with contextlib.suppress(zmq.ZMQError):
                 while self._monitor.recv_multipart(zmq.NOBLOCK):
                     pass
@@ -607,7 +641,8 @@ class Producer:
                 self._service()
 
     def wait_for_consumers(self, ranks: Collection[int], timeout: float = 30.0) -> None:
-        """Block until every rank in ``ranks`` has joined; ``TimeoutError`` otherwise."""
+        """Block until every rank in ``ranks`` has joined; ``WaitTimeout`` otherwise, naming
+        the ranks this producer never saw and those handed the arena but not joined."""
         deadline = time.monotonic() + timeout
         while True:
             with self._lock:
@@ -615,7 +650,14 @@ class Producer:
             if not missing:
                 return
             if time.monotonic() > deadline:
-                raise TimeoutError(f"ranks {missing} did not join within {timeout} s")
+                with self._lock:
+                    handed = sorted(r for r in missing if self._members.of_rank(r) is not None)
+                unseen = [r for r in missing if r not in handed]
+                raise WaitTimeout(
+                    f"producer {self.endpoint}: ranks {missing} did not join within {timeout} s"
+                    + (f"; it never saw ranks {unseen} (check their endpoint)" if unseen else "")
+                    + (f"; ranks {handed} received the arena, not joined" if handed else "")
+                )
             self.poll(0.05)
 
     # -- publishing -------------------------------------------------------------------
@@ -1076,8 +1118,8 @@ class Producer:
         self._thread.join(timeout=5)
         self.handover.close()
         with self._lock:
-            self._sock.disable_monitor()
-            self._monitor.close(0)
+            if self._monitor is not None:  # closing the channel ends the monitoring
+                self._monitor.close(0)
             self._sock.close(0)
         if self._auth is not None:
             self._auth.stop()
@@ -1092,7 +1134,6 @@ class Producer:
             self._decode_pool.shutdown(wait=True)
         os.close(self._wake_r)
         os.close(self._wake_w)
-        shutil.rmtree(self._dir, ignore_errors=True)
 
     def _decoders(self) -> ThreadPoolExecutor:
         """The threads that decode one request's images in parallel (made at first use)."""

@@ -12,7 +12,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing as mp
-import tempfile
+import secrets
+from collections.abc import Callable
+from typing import Any
 
 from aiohttp import web
 from frontend import Frontend
@@ -23,7 +25,7 @@ from rank import serve_rank
 
 async def main(args: argparse.Namespace) -> None:
     spec = spec_for(args.family)
-    reports = f"ipc://{tempfile.mkdtemp(prefix='mmwire-example-')}/reports"
+    reports = f"ipc://@mmwire-example-{secrets.token_hex(8)}-reports"  # abstract: no file
     async with AsyncProducer(arena_size=args.arena_mib << 20) as producer:
         frontend = Frontend(producer, reports, spec, args.ranks)
         spawn = mp.get_context("spawn")
@@ -37,6 +39,8 @@ async def main(args: argparse.Namespace) -> None:
         ]
         for p in ranks:
             p.start()
+            # a rank that dies is reaped at once, not left a zombie until the frontend exits
+            asyncio.get_running_loop().add_reader(p.sentinel, _reaper(p))
         frontend.rank_pids = {r: p.pid or 0 for r, p in enumerate(ranks)}
         await producer.wait_for_consumers(range(args.ranks), 120)
         runner = web.AppRunner(frontend.app())
@@ -57,6 +61,14 @@ async def main(args: argparse.Namespace) -> None:
                 p.terminate()
             for p in ranks:
                 p.join(5)
+
+
+def _reaper(p: Any) -> Callable[[], None]:
+    def reap() -> None:
+        asyncio.get_running_loop().remove_reader(p.sentinel)
+        p.join(0)
+
+    return reap
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
