@@ -238,7 +238,7 @@ def test_the_owner_refuses_bytes_that_disagree_with_their_envelope_and_keeps_ser
         mat.materialize(_Frames([forged], [other]), m)
     # the body cut short: the header reads, the pixels do not
     cut = payload[: len(payload) // 2]
-    with pytest.raises(ImageDecodeError, match="do not decode"):
+    with pytest.raises(ImageDecodeError, match=r"do not decode|truncated"):
         mat.materialize(_Frames([carrying(cut)], [cut]), m)
     out = mat.materialize(
         _Frames([carrying(payload)], [payload]), m
@@ -312,8 +312,10 @@ def test_the_owner_checks_headers_and_the_decoded_total_before_allocating() -> N
         encoding=EncodedImage(format="PNG", width=13_000, height=13_000, channels=3),
     )
     m = IndexMap(0, [liar.index])
-    with pytest.raises(GridMismatch, match="declared a 13000x13000 PNG"):
+    with pytest.raises(MaterializeError, match="pixel ceiling"):  # over the default 40 MP
         Materializer(0).materialize(_Frames([liar], [png]), m)
+    with pytest.raises(GridMismatch, match="declared a 13000x13000 PNG"):  # under a larger one
+        Materializer(0, max_pixels=200_000_000).materialize(_Frames([liar], [png]), m)
     # honest headers past the batch's decode ceiling: refused, then served under a larger one
     with pytest.raises(MaterializeError, match="max_decoded_bytes"):
         Materializer(0, max_decoded_bytes=1000).materialize(_Frames([honest], [png]), m)

@@ -733,12 +733,12 @@ def _owner_output(frames: list[bytes], **materializer: Any) -> Any:
 
 
 def test_an_owner_refuses_a_plan_the_image_would_not_get() -> None:
-    """A 1x1 image whose plan asks for a 13356x13356 canvas: refused before any work."""
+    """A 1x1 image whose plan asks for a 6300x6300 canvas: refused before any work."""
     from mmwire.transport import GridMismatch
 
     def blow_up(env: dict) -> None:  # type: ignore[type-arg]
         plan = env["preprocess"]["plan"]
-        side, p = 13356, 14
+        side, p = 6300, 14
         plan.update(new_width=side, new_height=side, pad_width=0, pad_height=0)
         plan["grid"] = [[1, side // p, side // p]]  # Grid is array-like: [dims]
         plan["tokens"] = (side // 28) ** 2
@@ -933,9 +933,9 @@ def test_errors_are_typed_and_a_wait_names_what_it_waited_for() -> None:
             pytest.raises(FrameError, match="contiguous"),
         ):
             c.decode([memoryview(np.arange(64, dtype=np.uint8)[::2])])
-    with Producer(arena_size=1 << 20) as p, Producer(arena_size=1 << 20) as other:
-        # a rank handed one producer's arena that joins another's channel: nothing comes
-        c = Consumer(0, other.endpoint, handover=p.handover_path)
+    with Producer(arena_size=1 << 20) as p:
+        # a rank handed the arena that joins a channel nobody serves: nothing ever comes
+        c = Consumer(0, "ipc://@mmwire-test-nobody", handover=p.handover_path)
         try:
             with pytest.raises(WaitTimeout, match="may never have seen this rank") as info:
                 c.recv(timeout=0.3)

@@ -187,7 +187,8 @@ class AsyncProducer:
                 with contextlib.suppress(asyncio.CancelledError):
                     await asyncio.shield(done)
             result = done.result()
-        assert result is not None  # only a withdrawn job returns None
+        if result is None:  # only a withdrawn job returns None, and it was not awaited
+            raise ClosedResourceError(f"request {request_id!r} was withdrawn")
         return result
 
     async def wait_for_consumers(self, ranks: Sequence[int], timeout: float = 30.0) -> None:

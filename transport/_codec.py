@@ -137,6 +137,8 @@ def _as_bytes(frame: Any, what: str) -> memoryview:
     buf = getattr(frame, "buffer", frame)  # zmq.Frame exposes .buffer
     try:
         mv = memoryview(buf)
+        if not mv.c_contiguous:
+            raise BufferError("the buffer is not C-contiguous")
         return mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv
     except TypeError:
         raise FrameError(f"{what} is not a bytes-like frame: {type(frame).__name__}") from None

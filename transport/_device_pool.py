@@ -29,7 +29,7 @@ its set acknowledged. One export per pool, one import per consumer process. A re
 bounds are checked on the host; its generation only by the GPU wait (``>=``, cyclic): a
 stale one passes at once (the slot cannot be reused before this rank acknowledges it),
 a forged future one would stall this rank's stream, so references must come from the
-producer's channel (a private ``0700`` directory, or CURVE).
+producer's channel (joined with a handover token, or CURVE).
 
 Lifetime
 --------

@@ -9,10 +9,10 @@ One stream connection per consumer process, kept open for its whole life::
                                                    (+ the pool's fd for a posix_fd pool)
                      or    msgpack Refusal{reason}, then close
 
-Every message is a little-endian u32 length and that many bytes of msgpack. The socket lives
-in the producer's fresh ``0700`` directory, so other users cannot even reach it; on top of
-that the producer checks ``SO_PEERCRED`` (same uid by default, or an explicit allow-list)
-and refuses others before reading a byte. The fd sent is read-only (``_arena.py``).
+Every message is a little-endian u32 length and that many bytes of msgpack. The socket is
+abstract (``@name``: no file, reachable from the producer's network namespace), so the
+producer checks ``SO_PEERCRED`` (same uid by default, or an explicit allow-list) and refuses
+others before reading a byte. The fd sent is read-only (``_arena.py``).
 
 States
 ------
@@ -36,8 +36,8 @@ containers); nothing a peer sends can stop the thread (every error is per connec
 
 Lifetime
 --------
-The listening socket is removed by ``close()``; a crashed producer leaves a dead socket file
-in its private directory at most, never memory.
+An abstract socket goes with its process: a closed or crashed producer leaves no file and
+no memory behind (a socket given as a file path is removed by ``close()``).
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ Control plane, one zmq ROUTER (producer) and one DEALER per consumer process::
     consumer -> producer   msgpack Join{rank, shared, member, replace}   once
     producer -> consumer   [header, inline frames...]                     one batch per request
     producer -> consumer   [NOTICE, reason]                               a refusal, an end, a ping
-    consumer -> producer   msgpack Release{lease, generation}             once per lease
+    consumer -> producer   msgpack Release{lease, generation, window}     once per lease
+    consumer -> producer   msgpack Done{seq}                              once per owned batch
 
 Data plane: the arena (``_arena.py``), handed over once per consumer process by
 ``_handover.py``. A remote consumer receives the same envelopes with ``InlineRef`` payloads
@@ -34,7 +35,9 @@ Transitions
 Invariants
 ----------
 * A publish either reaches every joined member, or raises; it never reports success for a
-  batch that a consumer it names will not get. A failed publish leaves nothing allocated.
+  batch that a consumer it names is known not to get. A failed publish leaves nothing
+  allocated. A batch an owner was sent but never finished (``Done``) before its member
+  ended is reported once (``on_lost``/``take_lost``): no request is lost without a word.
 * The control thread processes joins, releases, finished sends and timeouts whether or not
   the application calls :meth:`Producer.poll`; every use of the zmq socket is under one
   lock, and nothing blocks while holding it.
@@ -152,8 +155,9 @@ class Producer:
     """The tokenizer/encoder side: owns the arena, the handover socket and the channel.
 
     Args:
-        endpoint: where consumers connect. ``None`` binds ``ipc://`` in a private ``0700``
-            directory; ``tcp://HOST:PORT`` binds there and needs ``curve``.
+        endpoint: where consumers connect. ``None`` binds an abstract ``ipc://@...`` socket
+            (no file; only members the handover admitted can join it); ``tcp://HOST:PORT``
+            binds there and needs ``curve``.
         arena_size: bytes preallocated and prefaulted at start.
         on_full: ``"wait"`` waits up to ``full_timeout`` seconds for releases, then raises
             :class:`ArenaFull`; ``"inline"`` sends the request as inline frames (warns once).
@@ -774,14 +778,13 @@ class Producer:
         only memory the engine can reach), each with a digest their puller checks; the
         envelopes with those digests, and the window's references. The pullers' references
         to the arena are given back: they read the window, never the arena."""
-        assert self._transfer is not None
         pullers = {r: s for r, s in members.items() if s.pulls}
         staged = [
             k
             for k, e in enumerate(envs)
             if isinstance(e.payload, CpuRef) and any(r in pullers for r in e.consumers)
         ]
-        if not staged:
+        if not staged or self._transfer is None:
             return envs, None
         window = self._transfer.window
         holders = {pullers[r].id for k in staged for r in envs[k].consumers if r in pullers}
