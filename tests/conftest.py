@@ -33,9 +33,11 @@ def distinct_images(rng: np.random.Generator) -> list[np.ndarray[Any, Any]]:
 
 
 @pytest.fixture
-def pair() -> Iterator[tuple[Producer, Consumer]]:
-    """A producer with a 4 MiB arena and rank 0 joined (same process)."""
-    p = Producer(arena_size=1 << 22)
+def pair(request: pytest.FixtureRequest) -> Iterator[tuple[Producer, Consumer]]:
+    """A producer with a 4 MiB arena and rank 0 joined (same process); a test's
+    ``@pytest.mark.producer(**options)`` adds producer options."""
+    marker = request.node.get_closest_marker("producer")
+    p = Producer(arena_size=1 << 22, **(marker.kwargs if marker else {}))
     c = Consumer(0, p.endpoint, handover=p.handover_path)
     p.wait_for_consumers([0], 10)
     yield p, c

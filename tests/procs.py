@@ -237,6 +237,7 @@ def hostile(endpoint: str, handover: str, seconds: float, seed: int, q: Any) -> 
     sent = forged = 0
     silent: list[socket.socket] = []
     spy = Consumer(7, endpoint, handover=handover)  # a legitimate, free rank
+    q.put(("hostile-spying",))
 
     def forge_from_spy() -> int:
         """Release, from rank 7's own member, the leases it sees in other ranks' items."""
@@ -487,3 +488,87 @@ def decode_costs(corpus: dict[str, bytes], q: Any) -> None:
         report[name] = (outcome, time.perf_counter() - start)
     grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
     q.put((report, grown))
+
+
+def hammer_payload(request: int, index: int) -> bytes:
+    """The bytes of item ``index`` of request ``r{request}`` in the hammer test: distinct
+    sizes, so that an index or offset slip shows."""
+    import numpy as np
+
+    size = 1_000 + (request * 7_919 + index * 104_729) % 60_000
+    return np.random.default_rng([request, index]).integers(0, 256, size, np.uint8).tobytes()
+
+
+def mooncake_checker(rank: int, endpoint: str, server: bytes, client: Any, q: Any) -> None:
+    """A remote rank pulling through the engine until request ``stop``: checks every byte
+    of every item it owns against ``hammer_payload`` and reports
+    ``("checked", rank, exact, wrong, {error type: count})``."""
+    from mmwire.transport import MmwireError, MooncakeTransfer
+
+    c = Consumer(
+        rank,
+        endpoint,
+        curve_server_key=server,
+        curve=client,
+        transfer=MooncakeTransfer(),
+        receive_pool_size=16 << 20,
+    )
+    q.put(("joined", rank, os.getpid()))
+    exact, wrong, errors = 0, 0, {}
+    with _reporting(c, q, rank):
+        while True:
+            try:
+                with c.recv(timeout=60) as b:
+                    request_id = b.envelopes[GlobalIndex(0)].request_id
+                    if request_id == "stop":
+                        break
+                    for g in b.owned:
+                        got = bytes(b.open(g))
+                        if got == hammer_payload(int(request_id[1:]), g.value):
+                            exact += 1
+                        else:
+                            wrong += 1
+            except MmwireError as e:
+                errors[type(e).__name__] = errors.get(type(e).__name__, 0) + 1
+        q.put(("checked", rank, exact, wrong, errors))
+
+
+def mooncake_hammer(session: str, size: int, stop: Any, q: Any) -> None:
+    """A stranger on the producer's engine until ``stop`` is set: it floods the engine's
+    handshake port with junk connections, reads the whole window it can reach, and writes
+    0xEE over random spans of it. Says ``("hammering",)`` once under way, and reports
+    ``("hammered", junk, reads, writes)`` at the end."""
+    import ctypes
+    import mmap
+    import random
+    import socket
+
+    from mooncake.engine import TransferEngine
+
+    host, port = session.rsplit(":", 1)
+    e = TransferEngine()
+    e.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "")
+    buf = mmap.mmap(-1, size)
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    e.register_memory(addr, size)
+    base = e.get_first_buffer_address(session)
+    junk = reads = writes = 0
+    rnd = random.Random(7)
+    while not stop.is_set():
+        if junk == 1:
+            q.put(("hammering",))
+        try:
+            with socket.create_connection((host, int(port)), timeout=1) as s:
+                s.sendall(rnd.randbytes(rnd.choice((1, 8, 64, 4096))))
+                junk += 1
+        except OSError:
+            pass
+        if e.transfer_sync_read(session, addr, base, size) == 0:
+            reads += 1
+        span = rnd.randrange(1, 4096)
+        at = rnd.randrange(0, size - span)
+        buf[:span] = b"\xee" * span
+        if e.transfer_sync_write(session, addr, base + at, span) == 0:
+            writes += 1
+    q.put(("hammered", junk, reads, writes))
+    e.unregister_memory(addr)

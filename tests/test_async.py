@@ -309,3 +309,54 @@ def test_a_cancelled_publish_is_withdrawn_or_reported_sent_never_duplicated() ->
             assert c.try_recv() is None
 
     asyncio.run(main())
+
+
+def test_a_small_publish_runs_on_the_loop_and_a_large_one_on_the_worker_in_order() -> None:
+    """A small request is published on the event loop's own thread (no hop to a thread); a
+    large one on the worker; a small one awaited behind a large one still running waits
+    for it, so the rank receives them in the order they were awaited."""
+    threads: dict[str, int] = {}
+    gate = threading.Event()
+
+    def spec_seen_by(name: str, hold: bool = False) -> Any:
+        def spec(width: int, height: int) -> Any:
+            threads[name] = threading.get_ident()
+            if hold:
+                gate.wait(10)  # keep the worker busy until the small one is queued
+            return raw_spec(width, height)
+
+        return spec
+
+    async def main() -> None:
+        async with (
+            AsyncProducer(arena_size=16 << 20) as ap,
+            AsyncConsumer(0, ap.address) as c,
+        ):
+            await ap.wait_for_consumers([0], 10)
+            loop_thread = threading.get_ident()
+            small, large = _distinct(1, (64, 64, 3)), _distinct(2, (700, 700, 3))  # 12 KiB, 1.4 MiB
+            await ap.publish("small", [Item(small, consumers=(0,), preprocess=spec_seen_by("s"))])
+            assert threads["s"] == loop_thread
+            first = asyncio.create_task(
+                ap.publish(
+                    "large", [Item(large, consumers=(0,), preprocess=spec_seen_by("l", True))]
+                )
+            )
+            await asyncio.sleep(0)  # "large" went to the worker, which its spec holds
+            second = asyncio.create_task(
+                ap.publish(
+                    "after",
+                    [Item(small[::-1].copy(), consumers=(0,), preprocess=spec_seen_by("a"))],
+                )
+            )
+            await asyncio.sleep(0)
+            gate.set()
+            await asyncio.gather(first, second)
+            assert threads["l"] != loop_thread and threads["a"] == threads["l"]
+            names = []
+            for _ in range(3):
+                async with c.recv(5) as batch:
+                    names.append(batch.envelopes[GlobalIndex(0)].request_id)
+            assert names == ["small", "large", "after"]
+
+    asyncio.run(main())

@@ -160,9 +160,9 @@ def test_killed_producer_leaves_nothing_and_consumers_get_an_error() -> None:
     assert leaked == set()  # (the test's own multiprocessing queue semaphores aside)
 
 
+@pytest.mark.producer(full_timeout=0.3)
 def test_tiny_arena_back_pressure_then_arena_full(pair: tuple[Producer, Consumer]) -> None:
     p, c = pair
-    p.full_timeout = 0.3
     # ~1.4 MiB each: two fit in a 4 MiB arena (distinct, so none is reused by digest)
     imgs = [np.full((700, 700, 3), k, np.uint8) for k in range(3)]
     img = imgs[1]
@@ -183,9 +183,9 @@ def test_tiny_arena_back_pressure_then_arena_full(pair: tuple[Producer, Consumer
     assert p.statistics().arena.bytes_in_use == 0
 
 
+@pytest.mark.producer(on_full="inline", full_timeout=0.1)
 def test_inline_fallback_when_full(pair: tuple[Producer, Consumer]) -> None:
     p, c = pair
-    p.on_full, p.full_timeout = "inline", 0.1
     img = np.arange(900 * 900 * 3, dtype=np.uint64).astype(np.uint8).reshape(900, 900, 3)
     p.publish("a", [_raw_item(img[::-1].copy(), (0,))])  # another payload: not reused
     with pytest.warns(RuntimeWarning, match="arena full"):

@@ -490,9 +490,9 @@ def test_a_thousand_bad_publishes_leak_nothing_then_a_good_one_reaches_every_own
         p.close()
 
 
+@pytest.mark.producer(full_timeout=30)
 def test_an_item_that_can_never_fit_fails_at_once(pair: tuple[Producer, Consumer]) -> None:
     p, _ = pair
-    p.full_timeout = 30
     t0 = time.monotonic()
     with pytest.raises(ArenaFull, match="holds at most"):
         p.publish("huge", [_item(np.zeros((2000, 2000, 3), np.uint8))])
@@ -675,6 +675,8 @@ def test_two_honest_ranks_get_every_byte_while_a_hostile_peer_attacks() -> None:
             target=procs.hostile, args=(p.endpoint, p.handover_path, 6.0, 1234, inbox.q)
         )
         kid.start()
+        inbox.get("hostile-spying", timeout=60)
+        p.wait_for_consumers([7], 10)  # its spy sees every batch from the first one
         rng = np.random.default_rng(7)
         for i in range(n):
             a = rng.integers(0, 256, (8 + i % 13, 9 + i % 7, 3), dtype=np.uint8)

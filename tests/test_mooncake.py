@@ -365,3 +365,59 @@ def test_a_producer_refuses_an_engine_on_an_untrusted_network_unless_told() -> N
         Producer(arena_size=1 << 20, transfer=MooncakeTransfer(hostname="10.1.2.3"))
     with pytest.raises(ConfigurationError, match="trusted_network=True"):
         Consumer(0, "tcp://10.1.2.3:5555", transfer=MooncakeTransfer(hostname="10.1.2.3"))
+
+
+def test_two_remote_ranks_get_every_byte_right_while_a_stranger_hammers_the_engine() -> None:
+    """500 requests to two remote ranks while a stranger floods the engine's port with junk
+    connections and reads and overwrites the window: each rank gets every item it owns
+    byte for byte, or a typed error for it, never other bytes; each request a rank could
+    not take is reported lost, and the producer is left with no lease outstanding."""
+    n = 500
+    with _remote_producer(window_size=4 << 20, arena_size=32 << 20) as (p, server, client):
+        q, hq, stop = SPAWN.Queue(), SPAWN.Queue(), SPAWN.Event()
+        ranks = [
+            SPAWN.Process(
+                target=procs.mooncake_checker, args=(r, p.endpoint, server.public, client, q)
+            )
+            for r in (0, 1)
+        ]
+        for proc in ranks:
+            proc.start()
+        assert p._transfer is not None
+        stranger = SPAWN.Process(
+            target=procs.mooncake_hammer, args=(p._transfer.offer.session, 4 << 20, stop, hq)
+        )
+        try:
+            assert {q.get(timeout=60)[0] for _ in ranks} == {"joined"}
+            p.wait_for_consumers([0, 1], 30)
+            stranger.start()
+            assert hq.get(timeout=60) == ("hammering",)
+            for i in range(n):  # one item per rank per request, the owner alternating
+                items = [
+                    _item(np.frombuffer(procs.hammer_payload(i, k), np.uint8), (i + k) % 2)
+                    for k in range(2)
+                ]
+                p.publish(f"r{i}", items)
+            stop.set()
+            tag, junk, reads, writes = hq.get(timeout=60)
+            assert tag == "hammered" and junk > 0 and reads > 0 and writes > 0
+            p.publish("stop", [_item(np.zeros(1, np.uint8), 0, 1)])
+            reports = sorted(q.get(timeout=120) for _ in ranks)
+            assert settle(p, lambda: _idle(p))
+            lost = p.take_lost()
+            for rank, (tag, r, exact, wrong, errors) in enumerate(reports):
+                assert (tag, r, wrong) == ("checked", rank, 0), reports
+                # tampered bytes fail their digest; a tampered lease header, its generation
+                assert set(errors) <= {"IntegrityError", "StaleReference"}, reports
+                assert exact > 0 and exact + sum(errors.values()) == n, reports
+                # each request a rank could not take is reported to the producer, at once
+                refused = [x for x in lost if x.rank == rank]
+                assert len(refused) == sum(errors.values()), (reports, lost)
+                assert all("could not take it" in x.reason for x in refused)
+        finally:
+            stop.set()
+            for proc in (*ranks, stranger):
+                if proc.pid is not None:
+                    proc.join(30)
+                    if proc.is_alive():
+                        proc.kill()

@@ -16,6 +16,7 @@ names of ``Producer`` and ``Consumer``.
 import warnings
 from typing import Any
 
+from ._address import ProducerAddress as ProducerAddress
 from ._aio import AsyncConsumer as AsyncConsumer
 from ._aio import AsyncProducer as AsyncProducer
 from ._arena import ArenaStatistics as ArenaStatistics
@@ -55,7 +56,6 @@ from ._errors import UnknownDtype as UnknownDtype
 from ._errors import WaitTimeout as WaitTimeout
 from ._gpu import DevicePoolStatistics as DevicePoolStatistics
 from ._group import ConsumerGroup as ConsumerGroup
-from ._group import ProducerAddress as ProducerAddress
 from ._index import GlobalIndex as GlobalIndex
 from ._index import GlobalTable as GlobalTable
 from ._index import IndexMap as IndexMap

@@ -6,11 +6,13 @@ The loop thread owns the sockets; a release from another thread (a batch handed 
 executor) is passed to the loop, because zmq sockets must not be used from two threads.
 
 The producer keeps the sync producer's control thread, which serves joins and releases
-within 10 ms whatever the loop is doing, and runs each ``publish`` on one worker thread:
-a publish decodes, hashes and copies payloads (milliseconds for a large image), work that
-would stall every other request if it ran on the loop. One worker keeps the producer's
-"one thread publishes" rule, so each rank receives the requests in the order they were
-awaited. Back-pressure (a full arena, a full consumer queue) is awaited, not blocked on.
+whatever the loop is doing. A small request (nothing to decode, at most 1 MiB to copy and
+hash, room in the arena) is published on the loop: a hop to a thread and back would cost
+more than the publish. The rest run on one worker thread: decoding, hashing and copying a
+large image takes milliseconds that would stall every other request on the loop. One
+worker, and no loop publish while it has work, keep each rank receiving the requests in the
+order they were awaited. Back-pressure (a full arena, a full consumer queue) is awaited on
+the worker, never blocked on by the loop.
 
 Cancellation never makes a duplicate: a publish cancelled before the worker takes it is
 withdrawn (nothing is sent, ``CancelledError``); one cancelled after the worker took it is
@@ -24,21 +26,24 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, final
+from typing import Any, TypeVar, final
 
 import zmq
 import zmq.asyncio
 
+from ._address import ProducerAddress
 from ._consumer import ReceivedBatch
 from ._errors import ClosedResourceError, ConfigurationError, WaitTimeout
-from ._group import ConsumerGroup, ProducerAddress
+from ._group import ConsumerGroup
 from ._items import Item
 from ._producer import Producer, ProducerStatistics
 from ._schema import FeatureEnvelope
 
 __all__ = ["AsyncConsumer", "AsyncProducer"]
+
+_T = TypeVar("_T")
 
 # The longest a wait lasts before the producers' liveness is checked again.
 _SLICE_MS = 100
@@ -151,6 +156,7 @@ class AsyncProducer:
     def __init__(self, endpoint: str | None = None, **options: Any) -> None:
         self.producer = Producer(endpoint, **options)
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="mmwire-publish")
+        self._queued = 0  # jobs given to the worker and not yet finished
 
     @property
     def address(self) -> ProducerAddress:
@@ -158,7 +164,13 @@ class AsyncProducer:
         return self.producer.address
 
     async def publish(self, request_id: str, items: Sequence[Item]) -> list[FeatureEnvelope]:
-        """:meth:`Producer.publish` on the producer's worker thread; raises what it raises.
+        """:meth:`Producer.publish`, without blocking the loop; raises what it raises.
+
+        A request that needs no waiting and no heavy work (nothing to decode, at most
+        1 MiB to copy and hash, room in the arena) is published on the loop itself, at the
+        sync call's cost. Anything else runs on the producer's worker thread, as does every
+        request behind one that is still there, so ranks receive requests in the order they
+        were awaited.
 
         Cancelled before the worker takes it: withdrawn, nothing sent (``CancelledError``).
         Cancelled after: it finishes, and this returns its envelopes (the request was sent)
@@ -166,30 +178,49 @@ class AsyncProducer:
         """
         if self.producer.closed:
             raise ClosedResourceError("this AsyncProducer was closed")
+        if not self._queued:  # nothing ahead of it on the worker
+            published = self.producer._publish_now(request_id, items)
+            if published is not None:
+                envs, finish = published
+                if finish is not None:  # sent, but a member's queue was full: wait off the loop
+                    await self._on_worker(finish, withdrawable=False)
+                return envs
+        result = await self._on_worker(
+            lambda: self.producer.publish(request_id, items), withdrawable=True
+        )
+        if result is None:  # only a withdrawn job returns None, and it was not awaited
+            raise ClosedResourceError(f"request {request_id!r} was withdrawn")
+        return result
+
+    async def _on_worker(self, work: Callable[[], _T], *, withdrawable: bool) -> _T | None:
+        """``work()`` on the worker thread. Cancelled before the worker takes it: withdrawn
+        if ``withdrawable`` (``CancelledError``); else finished, and its result returned."""
         job = _Job()
 
-        def run() -> list[FeatureEnvelope] | None:
+        def run() -> _T | None:
             with job.lock:
                 if job.withdrawn:
                     return None
                 job.started = True
-            return self.producer.publish(request_id, items)
+            return work()
 
+        self._queued += 1
         done = asyncio.wrap_future(self._worker.submit(run))
+        done.add_done_callback(self._left_worker)
         try:
-            result = await asyncio.shield(done)
+            return await asyncio.shield(done)
         except asyncio.CancelledError:
             with job.lock:
-                if not job.started:
+                if withdrawable and not job.started:
                     job.withdrawn = True
                     raise
             while not done.done():  # taken by the worker: finish it, whatever comes
                 with contextlib.suppress(asyncio.CancelledError):
                     await asyncio.shield(done)
-            result = done.result()
-        if result is None:  # only a withdrawn job returns None, and it was not awaited
-            raise ClosedResourceError(f"request {request_id!r} was withdrawn")
-        return result
+            return done.result()
+
+    def _left_worker(self, _: object) -> None:
+        self._queued -= 1
 
     async def wait_for_consumers(self, ranks: Sequence[int], timeout: float = 30.0) -> None:
         """Until every rank in ``ranks`` has joined; ``WaitTimeout`` otherwise."""

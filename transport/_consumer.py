@@ -62,6 +62,7 @@ from ._errors import (
     ClosedResourceError,
     ConfigurationError,
     HandoverRefused,
+    MmwireError,
     NotAConsumer,
     OffsetError,
     PeerGone,
@@ -292,7 +293,13 @@ class Consumer:
                 raise PeerGone(self._gone_reason())
             self._received += 1
             seq = self._received
-            batch = self.decode(frames)
+            try:
+                batch = self.decode(frames)
+            except MmwireError as e:  # the producer reports the request lost, and why
+                why = f"{type(e).__name__}: {e}"[:160]
+                self._unsent.append(ENCODER.encode(Done(seq=seq, refused=why)))
+                self._flush()
+                raise
             if batch.owned:
                 batch._seq = seq
             return batch
@@ -407,21 +414,21 @@ class Consumer:
             )
         return m.view, ref.offset
 
-    def _release(self, leases: set[tuple[int, int]]) -> None:
+    def _release(self, leases: set[tuple[int, int]], done: int | None = None) -> None:
+        """Give leases back; ``done``: this rank finished batch ``done`` (it owned items of
+        it), said by the last release, or by a ``Done`` of its own."""
+        window = self._puller is not None
         with self._state_lock:
-            for key in leases:
-                if self._held[key] > 0:
-                    self._held[key] -= 1
-                    if not self._held[key]:
-                        del self._held[key]
-                    lease, gen = key
-                    release = Release(lease=lease, generation=gen, window=self._puller is not None)
-                    self._unsent.append(ENCODER.encode(release))
-        self._flush()
-
-    def _done(self, seq: int) -> None:
-        """Tell the producer this rank finished batch ``seq`` (it owned items of it)."""
-        self._unsent.append(ENCODER.encode(Done(seq=seq)))
+            owed = [key for key in leases if self._held[key] > 0]
+            for n, key in enumerate(owed):
+                self._held[key] -= 1
+                if not self._held[key]:
+                    del self._held[key]
+                last = done if done is not None and n == len(owed) - 1 else 0
+                release = Release(lease=key[0], generation=key[1], window=window, done=last)
+                self._unsent.append(ENCODER.encode(release))
+            if done is not None and not owed:
+                self._unsent.append(ENCODER.encode(Done(seq=done)))
         self._flush()
 
     def _flush(self) -> None:
@@ -572,14 +579,12 @@ class ReceivedBatch:
         """
         if not self.released:
             self.released = True
-            self._consumer._release(self._leases)
             self._consumer._acknowledge(self._device)
             pulled, puller = self._pulled, self._consumer._puller
             if pulled is not None and puller is not None:
                 pulled.frames.clear()
                 puller.free(pulled.start, pulled.generation)
-            if self._seq is not None:
-                self._consumer._done(self._seq)
+            self._consumer._release(self._leases, done=self._seq)
 
     def __enter__(self) -> ReceivedBatch:
         return self

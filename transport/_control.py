@@ -7,6 +7,20 @@ with a fresh routing id and, under CURVE, is bound to its public key. Leases are
 members, so the end of one process (death, eviction, replacement) releases only what that
 process received, never what a newer process of the same rank holds.
 
+Messages
+--------
+Control plane, one zmq ROUTER (producer) and one DEALER per consumer process::
+
+    consumer -> producer   msgpack Join{rank, shared, member, replace}   once
+    producer -> consumer   [header, inline frames...]                     one batch per request
+    producer -> consumer   [NOTICE, reason]                               a refusal, an end, a ping
+    consumer -> producer   msgpack Release{lease, generation, window, done}  once per lease
+    consumer -> producer   msgpack Done{seq}        once per owned batch that held no lease
+
+Data plane: the arena (``_arena.py``), handed over once per consumer process by
+``_handover.py``. A remote consumer receives the same envelopes with ``InlineRef`` payloads
+whose frames are the arena slices themselves, sent without copying.
+
 Rules
 -----
 * A rank has at most one live member. A second claim is refused, unless it asks to
@@ -67,13 +81,19 @@ class Release(msgspec.Struct, frozen=True, tag=True):
     generation: Annotated[int, _U63]
     window: bool = False
     """A lease of the producer's transfer window (a remote rank that pulls), not its arena."""
+    done: Annotated[int, _U63] = 0
+    """A batch this member finished with this release, as ``Done`` would say (0: none): a
+    batch's last release carries it, so finishing a batch is one message."""
 
 
 class Done(msgspec.Struct, frozen=True, tag=True):
     """consumer -> producer, once per batch it owned items of: it released batch number
-    ``seq`` (counted from 1 over the batches this member received)."""
+    ``seq`` (counted from 1 over the batches this member received), or could not take it."""
 
     seq: Annotated[int, _U63]
+    refused: Annotated[str, msgspec.Meta(max_length=160)] = ""
+    """Why the rank could not take the batch (a malformed batch, pulled bytes that fail
+    their digest), or ``""``: it finished it."""
 
 
 NOTICE = b"\x00mmwire-notice"

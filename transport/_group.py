@@ -14,24 +14,16 @@ import contextlib
 import select
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, final
 
+from ._address import ProducerAddress
 from ._consumer import Consumer, ConsumerStatistics, ReceivedBatch
 from ._errors import ClosedResourceError, ConfigurationError, PeerGone, WaitTimeout
 
-__all__ = ["ConsumerGroup", "ProducerAddress"]
+__all__ = ["ConsumerGroup"]
 
 # How long one wait lasts before the producers' liveness is checked again.
 _SLICE_S = 0.02
-
-
-@dataclass(frozen=True)
-class ProducerAddress:
-    """Where a producer is: its channel endpoint and, on this host, its handover socket."""
-
-    endpoint: str
-    handover: str | None = None
 
 
 @final

@@ -1,0 +1,122 @@
+"""The producer's control thread: joins, releases, finished sends and timeouts are served
+whether or not the application calls ``Producer.poll``.
+
+``service`` does one round of that work, under the producer's lock; the publishing thread
+calls it too, so a publish sees every release that has arrived. Every use of the zmq
+socket is under that lock, and nothing blocks while holding it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import threading
+import time
+
+import zmq
+
+from ._channel import Channel
+from ._delivery import Delivery
+from ._membership import Roster
+
+__all__ = ["ControlLoop"]
+
+# Seconds between sweeps for members that never joined, leases held too long, and remote
+# members whose connection went without a word; and between pings of remote members.
+_SWEEP_S = 0.25
+_PING_S = 1.0
+
+# How long the thread lets messages gather after the first one wakes it: one round then
+# serves them all. A round per message (four ranks send one each per request) took the GIL
+# from the publishing thread often enough to double a 64 KiB publish. No request waits on
+# this: a publish serves the channel itself before it allocates.
+_GATHER_S = 0.001
+
+
+class ControlLoop:
+    """One thread serving a producer's channel, and the round of work it does."""
+
+    def __init__(
+        self,
+        *,
+        lock: threading.RLock,
+        activity: threading.Condition,
+        channel: Channel,
+        roster: Roster,
+        delivery: Delivery,
+        join_timeout: float,
+        lease_timeout: float | None,
+    ) -> None:
+        self.lock = lock
+        self.activity = activity
+        self.channel = channel
+        self.roster = roster
+        self.delivery = delivery
+        self.join_timeout = join_timeout
+        self.lease_timeout = lease_timeout
+        self._last_sweep = 0.0
+        self._last_ping = 0.0
+        self._stopped = False
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self._thread = threading.Thread(target=self._run, name="mmwire-control", daemon=True)
+        self._thread.start()
+
+    def service(self) -> None:
+        """Process everything pending: messages, finished sends, timeouts (under the lock)."""
+        busy = False
+        if self.channel.disconnected():
+            self.roster.check_remote()
+        for frames in self.channel.messages():
+            self.roster.on_message(frames)
+            busy = True
+        busy |= self.delivery.finish_sends()
+        now = time.monotonic()
+        if now - self._last_sweep > _SWEEP_S:
+            self._last_sweep = now
+            self.roster.members.expire(self.join_timeout)
+            if now - self._last_ping > _PING_S:
+                self._last_ping = now
+                self.roster.check_remote()
+            if self.lease_timeout is not None:
+                self.roster.expire_leases(self.lease_timeout)
+        if busy:
+            self.activity.notify_all()
+
+    def wait(self, timeout: float) -> None:
+        """Wait up to ``timeout`` s for the channel to have something to serve."""
+        with contextlib.suppress(OSError, ValueError):
+            select.select([self.channel.fd], [], [], timeout)
+
+    def _run(self) -> None:
+        """Serve the channel when something arrives (a message, a disconnection, a wake),
+        and at each sweep's time; nothing otherwise."""
+        watched = [self._wake_r, self.channel.fd]
+        if self.channel.monitor is not None:
+            watched.append(int(self.channel.monitor.getsockopt(zmq.FD)))
+        while not self._stopped:
+            wait = max(0.0, self._last_sweep + _SWEEP_S - time.monotonic())
+            try:
+                ready, _, _ = select.select(watched, [], [], wait)
+                if ready and not self._stopped:
+                    select.select([self._wake_r], [], [], _GATHER_S)
+            except (OSError, ValueError):
+                return
+            with self.lock:
+                if self._stopped:
+                    return
+                try:
+                    self.service()
+                except Exception as e:  # a bug must not stop releases for everyone
+                    self.roster.note("service", f"the control thread caught {e!r}")
+
+    def stop(self) -> None:
+        """End the thread (idempotent)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"x")
+        self._thread.join(timeout=5)
+        os.close(self._wake_r)
+        os.close(self._wake_w)

@@ -1,0 +1,235 @@
+"""The producer's members and their leases: who may join, what each holds, and what
+happens when one ends.
+
+A member ends when its process closes the handover connection, its remote connection
+drops, it is replaced, it never joins, or the producer evicts it (a queue full past
+``slow_consumer_timeout``, a lease held past ``lease_timeout``). Then every lease pending on
+it is released, and each request it owned items of and never finished (``Done``) is
+reported once as a :class:`LostRequest`.
+
+Everything here runs under the producer's lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ._arena import Arena
+from ._channel import Channel
+from ._control import Done, Join, Member, Members, decode_control
+from ._gpu import ProducerDevice
+from ._handover import Hello, Offer, Refusal
+from ._mooncake import TransferSource
+
+__all__ = ["LostRequest", "Roster"]
+
+_log = logging.getLogger("mmwire.transport")
+
+
+@dataclass(frozen=True)
+class LostRequest:
+    """A request a rank that owned items of it never finished: the rank's member ended (it
+    died, was evicted or replaced, or its connection went) before it released the batch, or
+    the rank could not take the batch (it raised a typed error there: pulled bytes that
+    failed their digest, a malformed batch). Retry it or fail it; mmwire will not deliver
+    it again."""
+
+    request_id: str
+    rank: int
+    reason: str
+    """Why the member ended."""
+
+
+class Roster:
+    """The members of one producer, the leases they hold and the requests they owe."""
+
+    def __init__(
+        self,
+        *,
+        activity: threading.Condition,
+        channel: Channel,
+        arena: Arena,
+        device: ProducerDevice,
+        transfer: TransferSource | None,
+        drop_local: Callable[[bytes], None],
+        on_lost: Callable[[LostRequest], None] | None,
+        remote_ok: bool,
+        curve: bool,
+    ) -> None:
+        self.activity = activity
+        self.channel = channel
+        self.arena = arena
+        self.device = device
+        self.transfer = transfer
+        self.members = Members(self._ended)
+        self.closed = False
+        self.counts = {"ended": 0, "evicted": 0, "joins": 0, "dropped": 0, "ignored": 0}
+        self._drop_local = drop_local
+        self._on_lost = on_lost
+        self._lost: list[LostRequest] = []
+        self._remote_ok = remote_ok
+        self._curve = curve
+        self._noted: set[str] = set()
+
+    # -- arrivals ---------------------------------------------------------------------
+
+    def admit(self, hello: Hello, pid: int) -> Offer | Refusal:
+        """The handover thread's question: may process ``pid`` take ``hello.rank``?"""
+        if self.closed:
+            return Refusal(reason="the producer is closing")
+        got = self.members.offer(hello.rank, pid, hello.replace)
+        if isinstance(got, str):
+            return Refusal(reason=got)
+        _log.info("mmwire: %s received the arena", got)
+        return Offer(
+            arena_id=self.arena.id,
+            size=self.arena.size,
+            member=got.token,
+            pool=self.device.offer,
+        )
+
+    def handover_closed(self, token: bytes) -> None:
+        s = self.members.by_token(token)
+        if s is not None:
+            self.members.end(s, "its process closed the handover connection")
+        self.activity.notify_all()
+
+    def on_message(self, frames: list[Any]) -> None:
+        """One message from the channel: a join, a release or a ``Done``; anything else is
+        dropped and counted."""
+        if len(frames) != 2:
+            self.drop(f"a message of {len(frames)} frames")
+            return
+        ident, body = frames[0].bytes, frames[1]
+        msg = decode_control(body.bytes)
+        if msg is None:
+            self.drop("a message that is not a control message")
+            return
+        if isinstance(msg, Join):
+            self._on_join(ident, msg, body)
+            return
+        s = self.members.by_ident(ident)
+        if isinstance(msg, Done):
+            request_id = None if s is None else s.outstanding.pop(msg.seq, None)
+            if s is not None and request_id is not None and msg.refused:
+                why = f"the rank could not take it ({msg.refused})"
+                self._report_lost(LostRequest(request_id, s.rank, why))
+            return
+        if s is not None and msg.done:
+            s.outstanding.pop(msg.done, None)
+        if s is None and self.members.ended(ident):
+            # its leases went back when it ended; this release was on the way
+            self.counts["ignored"] += 1
+        elif s is None:
+            self.drop("a release from no joined member")
+        elif not self.arena_of(msg.window).release(msg.lease, msg.generation, s.id):
+            self.counts["ignored"] += 1
+            self.note("release", f"{s} released a lease it does not hold (ignored)")
+
+    def _on_join(self, ident: bytes, msg: Join, body: Any) -> None:
+        key = None
+        if self._curve:
+            with contextlib.suppress(Exception):
+                key = body.get("User-Id").encode()
+        got: Member | str = "it asked to pull payloads, and this producer has no `transfer`"
+        if not msg.pull or self.transfer is not None:
+            got = self.members.join(ident, msg, key, self._remote_ok, self._connected)
+        if isinstance(got, str):
+            self.counts["joins"] += 1
+            self.note("join", f"refused a join: {got}")
+            self.channel.notice(ident, f"refused: {got}")
+            return
+        if got.pulls and self.transfer is not None:  # before any batch: zmq keeps order
+            with contextlib.suppress(Exception):
+                self.channel.send(ident, self.transfer.frames)
+        _log.info("mmwire: %s joined the channel", got)
+        self.activity.notify_all()
+
+    def _connected(self, s: Member) -> bool:
+        return s.ident is not None and self.channel.connected(s.ident)
+
+    # -- ends -------------------------------------------------------------------------
+
+    def _ended(self, s: Member, why: str) -> None:
+        """Release what an ended member held (from ``Members.end``)."""
+        held = self.arena.release_holder(s.id)
+        if self.transfer is not None:
+            held += self.transfer.window.release_holder(s.id)
+        if self.members.of_rank(s.rank) is None:
+            self.device.rank_gone(s.rank)
+        if s.local:
+            self._drop_local(s.token)
+        elif s.ident is not None and not self.closed:
+            self.channel.notice(s.ident, f"ended: {why}")
+        self.counts["ended"] += 1
+        level = logging.INFO if why.startswith("its process closed") else logging.WARNING
+        _log.log(level, "mmwire: %s is gone: %s; %d leases released", s, why, held)
+        for request_id in s.outstanding.values():
+            self._report_lost(LostRequest(request_id, s.rank, why))
+        s.outstanding.clear()
+
+    def evict(self, s: Member, why: str) -> None:
+        self.counts["evicted"] += 1
+        self.members.end(s, why)
+
+    def _report_lost(self, lost: LostRequest) -> None:
+        _log.warning(
+            "mmwire: request %r was lost: rank %d never finished it (%s)",
+            lost.request_id,
+            lost.rank,
+            lost.reason,
+        )
+        if self._on_lost is None:
+            self._lost.append(lost)
+            return
+        try:
+            self._on_lost(lost)
+        except Exception as e:  # the application's callback must not stop the producer
+            self.note("on_lost", f"`on_lost` raised {e!r}")
+
+    def take_lost(self) -> list[LostRequest]:
+        lost, self._lost = self._lost, []
+        return lost
+
+    def check_remote(self) -> None:
+        """End the remote members whose connection is gone (a process that died, a host
+        whose heartbeat lapsed): what they owned and never released is reported lost, and
+        a publish naming their rank raises ``PeerGone``. Local members end with their
+        handover connection."""
+        for s in list(self.members.joined()):
+            if not s.local and not self._connected(s):
+                self.members.end(s, "its channel connection is gone")
+
+    def arena_of(self, window: bool) -> Arena:
+        """The arena a release names: the transfer window's, or the one local ranks map."""
+        return self.transfer.window if window and self.transfer is not None else self.arena
+
+    def expire_leases(self, timeout: float) -> None:
+        """Evict the members that hold a lease past ``timeout`` s."""
+        overdue = self.arena.overdue(timeout)
+        if self.transfer is not None:
+            overdue += self.transfer.window.overdue(timeout)
+        for lease in overdue:
+            for s in [s for s in self.members.all() if s.id in lease.pending]:
+                self.evict(
+                    s,
+                    f"it held the lease of request {lease.tag!r} for more than "
+                    f"`lease_timeout` {timeout} s (hung?)",
+                )
+
+    # -- what is counted, and logged once ---------------------------------------------
+
+    def drop(self, what: str) -> None:
+        self.counts["dropped"] += 1
+        self.note(what, f"dropped {what} on the channel")
+
+    def note(self, kind: str, message: str) -> None:
+        """Log the first event of each kind; ``statistics()`` counts them all."""
+        if kind not in self._noted:
+            self._noted.add(kind)
+            _log.warning("mmwire: %s (further ones are counted, not logged)", message)
