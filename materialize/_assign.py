@@ -15,6 +15,7 @@ def assign_owners(
     num_ranks: int,
     *,
     preferred: Sequence[int | None] | None = None,
+    loads: Sequence[int] | None = None,
 ) -> list[IndexMap]:
     """One :class:`IndexMap` per rank; every rank computes the same answer on its own.
 
@@ -24,13 +25,17 @@ def assign_owners(
 
     ``preferred`` (one rank or ``None`` per item, e.g. from :class:`OwnerAffinity`) places
     those items on their rank first, where its output cache holds them; the others then
-    balance the load around them.
+    balance the load around them. ``loads`` (patches per rank) is work the ranks already
+    have, e.g. requests still in flight: a frontend that assigns request by request passes
+    it, or every one-image request would go to rank 0.
     """
     if num_ranks <= 0:
         raise ValueError(f"`num_ranks` must be positive, got {num_ranks}")
     if preferred is not None and len(preferred) != len(patch_counts):
         raise ValueError(f"{len(preferred)} preferred ranks for {len(patch_counts)} items")
-    loads = [0] * num_ranks
+    if loads is not None and len(loads) != num_ranks:
+        raise ValueError(f"{len(loads)} loads for {num_ranks} ranks")
+    loads = [0] * num_ranks if loads is None else list(loads)
     buckets: list[list[GlobalIndex]] = [[] for _ in range(num_ranks)]
     free = list(range(len(patch_counts)))
     if preferred is not None:

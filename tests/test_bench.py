@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -72,6 +73,10 @@ def test_transport_runs_every_method(tmp_path: Path) -> None:
                 "2",
                 "--seconds",
                 "0.1",
+                "--throughput-requests",
+                "50",
+                "--methods",
+                ",".join(["mmwire", *PEERS, "zmq_frames", "mooncake_tcp", "pickle_tcp"]),
             ]
         )
         == 0
@@ -80,10 +85,33 @@ def test_transport_runs_every_method(tmp_path: Path) -> None:
     samples = json.loads((run / "results.json").read_text())["samples"]
     local = {"mmwire", "pickle", "oob", "segment", "tmp_queue"}
     assert {s["method"] for s in samples if s["consumers"] == 2} == local
+    assert all(s["cpu_s_per_1000"] > 0 for s in samples)
+    rates = [s for s in samples if "requests_per_s" in s]
+    assert {s["method"] for s in rates} == local and all(s["requests_per_s"] > 0 for s in rates)
     # the ways to another host run once, with one rank (the engine is in the test extra)
     cross = {s["method"] for s in samples if s["consumers"] == 1}
     assert cross == {"zmq_frames", "mooncake_tcp", "pickle_tcp"} - _missing_engine()
     assert "to a rank on another host" in (run / "table.txt").read_text()
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here (the peers extra)"
+)
+def test_transport_says_in_one_line_that_it_skipped_vllm_without_it(tmp_path: Path) -> None:
+    args = ["transport", "--sizes", "16K", "--consumers", "1", "--seconds", "0.05"]
+    args += ["--throughput-requests", "5", "--methods", "mmwire,vllm_mq,vllm_store"]
+    run = subprocess.run(
+        [str(Path(sys.executable).with_name("mmwire-bench")), "--out", str(tmp_path / "r"), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    skipped = [line for line in run.stdout.splitlines() if "vLLM's peers skipped" in line]
+    assert len(skipped) == 1, run.stdout
+    (folder,) = (tmp_path / "r").iterdir()
+    samples = json.loads((folder / "results.json").read_text())["samples"]
+    assert {s["method"] for s in samples} == {"mmwire"}
 
 
 def _missing_engine() -> set[str]:

@@ -4,7 +4,6 @@ layers transport <- kernels <- materialize <- bench (kernels never imports mater
 from __future__ import annotations
 
 import ast
-import warnings
 from pathlib import Path
 
 import pytest
@@ -88,15 +87,9 @@ def test_no_module_import_cycles() -> None:
             visit(m, [m])
 
 
-@pytest.mark.parametrize(("old", "new"), [("CpuProducer", "Producer"), ("CpuConsumer", "Consumer")])
-def test_renamed_classes_keep_their_old_names_with_a_warning(old: str, new: str) -> None:
+@pytest.mark.parametrize("old", ["CpuProducer", "CpuConsumer"])
+def test_the_names_before_the_one_producer_are_gone(old: str) -> None:
     import mmwire.transport as transport
 
-    with pytest.warns(DeprecationWarning, match=f"{old} is now {new}"):
-        cls = getattr(transport, old)
-    assert cls is getattr(transport, new)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        getattr(transport, new)
     with pytest.raises(AttributeError):
-        transport.NoSuchThing  # noqa: B018
+        getattr(transport, old)

@@ -149,8 +149,12 @@ def test_the_example_serves_every_request_exactly_while_a_rank_dies(server: Any)
 
     answers, after = asyncio.run(drive())
     hits = retried = 0
+    owners: set[int] = set()
     for pick, status, answer in answers:
         assert status == 200, answer
+        text = answer["choices"][0]["message"]["content"]
+        assert text.startswith(f"I saw {len(pick)} image{'' if len(pick) == 1 else 's'}. ")
+        owners.update(answer["mmwire"]["ranks"])
         seen = answer["mmwire"]["images"]
         assert [i["index"] for i in seen] == list(range(len(pick)))
         for item, k in zip(seen, pick):
@@ -162,6 +166,7 @@ def test_the_example_serves_every_request_exactly_while_a_rank_dies(server: Any)
         hits += answer["mmwire"]["cache_hits"]
         retried += answer["mmwire"]["attempts"] > 1
     assert sorted(after["ranks"]) == ["0", "2"]
+    assert owners == {0, 1, 2}, "a rank never owned an image: owners are not balanced by load"
     print(f"cache hits {hits}, requests published again after the kill {retried}")
     assert hits > 0, "repeated images never hit an owner's cache"
     assert after["arena"]["payloads_reused"] > 0, "repeated images were copied again"

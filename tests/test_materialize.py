@@ -123,6 +123,15 @@ def test_assign_owners_reference_example_and_determinism() -> None:
     ]
 
 
+def test_owners_balance_around_the_work_ranks_already_have() -> None:
+    # one-image requests, assigned one at a time, spread over the ranks with their loads
+    assert assign_owners([5], 3, loads=[10, 0, 3])[1].globals == (GlobalIndex(0),)
+    maps = assign_owners([7, 6, 5], 2, loads=[0, 12])
+    assert [m.globals for m in maps] == [(GlobalIndex(0), GlobalIndex(1)), (GlobalIndex(2),)]
+    with pytest.raises(ValueError, match="1 loads for 2 ranks"):
+        assign_owners([1], 2, loads=[0])
+
+
 def test_preferred_owners_go_first_and_the_rest_balance_around_them() -> None:
     maps = assign_owners([1000, 100, 200, 50], 2, preferred=[None, 0, None, 0])
     # 1 and 3 where their cache is; then LPT: 1000 to the lighter rank, 200 to rank 0

@@ -3,18 +3,16 @@
 General layout: ``_errors`` (the exception tree), ``_index`` (GlobalIndex/LocalIndex and
 their tables), ``_schema`` (the envelope Structs), ``_codec`` (frames <-> envelopes),
 ``_views`` (zero-copy array views), ``_pixels`` (the image input contract, with ``_arrow``
-reading Pillow's memory in place), ``_items``
-(what ``publish`` accepts), ``_arena``/``_handover``/``_control`` (the arena, its handover and
-the table of joined consumers), ``_producer``/``_consumer`` (the two ends; the GPU backends
-are options of the one producer), ``_group`` (one rank's consumers of several producers),
-``_aio`` (the asyncio ends), ``_cuda``/``_device_pool``/``_gpu`` (the GPU backends'
-pools behind the same API), ``_select`` (what ``device_pool="auto"`` picks). Every public
-name is re-exported here exactly once. ``CpuProducer`` and ``CpuConsumer`` are deprecated
-names of ``Producer`` and ``Consumer``.
+reading Pillow's memory in place), ``_items`` (what ``publish`` accepts), ``_arena``,
+``_handover`` and ``_control`` (the arena, its handover, the control messages and the table
+of joined consumers), ``_producer`` and ``_consumer`` (the two ends; the GPU backends are
+options of the one producer, which is built from ``_channel``, ``_membership``,
+``_control_loop``, ``_publish`` and ``_delivery``), ``_address`` (where a producer is),
+``_group`` (one rank's consumers of several producers), ``_aio`` (the asyncio ends),
+``_cuda``, ``_device_pool`` and ``_gpu`` (the GPU backends' pools behind the same API),
+``_select`` (what ``device_pool="auto"`` picks). Every public name is re-exported here
+exactly once.
 """
-
-import warnings
-from typing import Any
 
 from ._address import ProducerAddress as ProducerAddress
 from ._aio import AsyncConsumer as AsyncConsumer
@@ -177,18 +175,3 @@ __all__ = [
     "to_pixels",
     "torch_view",
 ]
-
-_RENAMED = {"CpuProducer": Producer, "CpuConsumer": Consumer}
-
-
-def __getattr__(name: str) -> Any:
-    """The old names of renamed classes, with a ``DeprecationWarning``."""
-    if name in _RENAMED:
-        new = _RENAMED[name]
-        warnings.warn(
-            f"mmwire.transport.{name} is now {new.__name__}; the old name will be removed",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return new
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

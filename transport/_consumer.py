@@ -83,6 +83,9 @@ __all__ = ["Consumer", "ConsumerStatistics", "ReceivedBatch"]
 # How long one wait holds the socket: a release from another thread waits at most this long.
 _SLICE_MS = 20
 
+# How long closing waits for the messages still queued for the producer.
+_CLOSE_LINGER_MS = 200
+
 
 def _in_loop(loop: asyncio.AbstractEventLoop) -> bool:
     try:
@@ -493,7 +496,9 @@ class Consumer:
         with self._sock_lock:
             self._flush_locked()
             self.closed = True
-            self._sock.close(0)
+            # the last releases and ``Done`` get a moment to leave, so a batch finished just
+            # before closing is not reported lost; a producer that is gone costs that moment
+            self._sock.close(linger=_CLOSE_LINGER_MS)
         self._ctx.term()
         if self._handover_conn is not None:
             self._handover_conn.close()

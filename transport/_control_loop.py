@@ -57,6 +57,7 @@ class ControlLoop:
         self.lease_timeout = lease_timeout
         self._last_sweep = 0.0
         self._last_ping = 0.0
+        self._next_end: float | None = None  # when a closed member's grace runs out
         self._stopped = False
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self._thread = threading.Thread(target=self._run, name="mmwire-control", daemon=True)
@@ -65,12 +66,14 @@ class ControlLoop:
     def service(self) -> None:
         """Process everything pending: messages, finished sends, timeouts (under the lock)."""
         busy = False
-        if self.channel.disconnected():
-            self.roster.check_remote()
-        for frames in self.channel.messages():
+        disconnected = self.channel.disconnected()
+        for frames in self.channel.messages():  # first what the peers sent before going
             self.roster.on_message(frames)
             busy = True
+        if disconnected:
+            self.roster.check_remote()
         busy |= self.delivery.finish_sends()
+        self._next_end = self.roster.finish_ends()
         now = time.monotonic()
         if now - self._last_sweep > _SWEEP_S:
             self._last_sweep = now
@@ -95,9 +98,15 @@ class ControlLoop:
         if self.channel.monitor is not None:
             watched.append(int(self.channel.monitor.getsockopt(zmq.FD)))
         while not self._stopped:
-            wait = max(0.0, self._last_sweep + _SWEEP_S - time.monotonic())
+            due = self._last_sweep + _SWEEP_S
+            if self._next_end is not None:
+                due = min(due, self._next_end)
+            wait = max(0.0, due - time.monotonic())
             try:
                 ready, _, _ = select.select(watched, [], [], wait)
+                if self._wake_r in ready and not self._stopped:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(self._wake_r, 4096)
                 if ready and not self._stopped:
                     select.select([self._wake_r], [], [], _GATHER_S)
             except (OSError, ValueError):
@@ -109,6 +118,11 @@ class ControlLoop:
                     self.service()
                 except Exception as e:  # a bug must not stop releases for everyone
                     self.roster.note("service", f"the control thread caught {e!r}")
+
+    def wake(self) -> None:
+        """Have the thread serve a round now (its next deadline may have moved closer)."""
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"x")
 
     def stop(self) -> None:
         """End the thread (idempotent)."""

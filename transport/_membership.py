@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,10 @@ from ._handover import Hello, Offer, Refusal
 from ._mooncake import TransferSource
 
 __all__ = ["LostRequest", "Roster"]
+
+# How long a member whose process closed its handover connection stays joined, so that the
+# releases and ``Done`` it sent just before closing reach the producer first.
+_END_GRACE_S = 0.1
 
 _log = logging.getLogger("mmwire.transport")
 
@@ -75,6 +80,7 @@ class Roster:
         self._remote_ok = remote_ok
         self._curve = curve
         self._noted: set[str] = set()
+        self._ending: list[tuple[float, Member]] = []  # (when, member) of closed handovers
 
     # -- arrivals ---------------------------------------------------------------------
 
@@ -94,10 +100,22 @@ class Roster:
         )
 
     def handover_closed(self, token: bytes) -> None:
+        """A local member's process closed its handover connection (it exited or died): it
+        ends after ``_END_GRACE_S``, once the releases it sent just before are served."""
         s = self.members.by_token(token)
-        if s is not None:
-            self.members.end(s, "its process closed the handover connection")
+        if s is not None and not s.gone:
+            self._ending.append((time.monotonic() + _END_GRACE_S, s))
         self.activity.notify_all()
+
+    def finish_ends(self) -> float | None:
+        """End the members whose grace has run out; when the next one is due, if any."""
+        now = time.monotonic()
+        due = [s for t, s in self._ending if t <= now]
+        self._ending = [(t, s) for t, s in self._ending if t > now]
+        for s in due:
+            if not s.gone:
+                self.members.end(s, "its process closed the handover connection")
+        return min((t for t, _ in self._ending), default=None)
 
     def on_message(self, frames: list[Any]) -> None:
         """One message from the channel: a join, a release or a ``Done``; anything else is

@@ -31,6 +31,7 @@ has room and which items it owns, and the producer's publish never waits on a ne
 from __future__ import annotations
 
 import ipaddress
+import os
 import threading
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -131,6 +132,9 @@ class _Engine:
 
     def __init__(self, config: MooncakeTransfer, address: int, size: int) -> None:
         config.check()
+        # its own log (glog, to stderr) says INFO lines per start, connection and close: quiet
+        # unless the operator asks, with MC_LOG_LEVEL=INFO
+        os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
         try:
             from mooncake.engine import TransferEngine
         except ImportError as e:

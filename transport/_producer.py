@@ -233,7 +233,6 @@ class Producer:
                 close()
             raise
         self.endpoint: str = self._channel.endpoint
-        self.closed = False
         self._loop = ControlLoop(
             lock=self._lock,
             activity=self._activity,
@@ -243,6 +242,7 @@ class Producer:
             join_timeout=join_timeout,
             lease_timeout=lease_timeout,
         )
+        self.closed = False
 
     @property
     def backend_choice(self) -> BackendChoice:
@@ -265,7 +265,11 @@ class Producer:
 
     def _handover_closed(self, token: bytes) -> None:
         with self._lock:
+            if not self.closed:  # first what it sent before closing: its last releases
+                self._loop.service()
             self._roster.handover_closed(token)
+            if not self.closed:
+                self._loop.wake()  # it ends when its grace runs out
 
     def _service(self) -> None:
         self._loop.service()

@@ -24,25 +24,22 @@ from typing import Literal
 
 import msgspec
 import numpy as np
-import torch
 
 from ._arena import ARENA_HEADER, LEASE_HEADER, Arena, Lease
 from ._codec import Limits, encode_batch
 from ._control import Member
-from ._delivery import Delivery, Holds, Staged, raise_if_lost
+from ._delivery import Delivery, Staged, raise_if_lost
 from ._errors import ArenaFull, BackendUnavailable, PeerGone
 from ._gpu import ProducerDevice
 from ._items import Item, PreparedItem, envelope, located, payload_digest, prepare, validate
+from ._light import heavy, plainly_large
 from ._membership import Roster
 from ._mooncake import TransferSource
 from ._pinning import pin_host, unpin_host
 from ._schema import CpuRef, CudaIpcRef, FabricRef, FeatureEnvelope, InlineRef
+from ._staging import Holds, stage_for_pullers
 
-__all__ = ["NOW_MAX_BYTES", "Published", "Publisher"]
-
-NOW_MAX_BYTES = 1 << 20
-"""The most bytes ``publish_now`` copies or hashes on the caller's thread (about 0.1 ms
-to copy on a server core; more, and the event loop it runs on would stall)."""
+__all__ = ["Published", "Publisher"]
 
 Published = tuple[list[FeatureEnvelope], Callable[[], None] | None]
 """A request's envelopes, and what finishes its delivery if a member's queue was full."""
@@ -116,12 +113,12 @@ class Publisher:
                 f"request {request_id!r} names consumer ranks {missing}, which have not joined "
                 f"(joined: {sorted(members)})"
             )
-        if now and _large(items):
+        if now and plainly_large(items):
             raise _MustWait
         placed: Placed = {}
         lease: Lease | None = None
         window: Staged | None = None
-        holds = _Holds()
+        holds = Holds()
 
         def undo() -> None:
             self.device.undo([ref for ref, _, _ in placed.values()])
@@ -148,7 +145,7 @@ class Publisher:
                 )
                 for k, item in enumerate(items)
             ]
-            if now and _heavy(prepared):
+            if now and heavy(prepared):
                 raise _MustWait
             envs = self._checked_envelopes(request_id, prepared, placed)
             host = [k for k in range(len(items)) if k not in placed]
@@ -180,7 +177,21 @@ class Publisher:
                     lease, {envs[k].digest or "": n for n, k in enumerate(new) if envs[k].digest}
                 )
             if self.transfer is not None:
-                envs, window = self._stage(request_id, prepared, envs, members, holds, now=now)
+                got = stage_for_pullers(
+                    self.transfer.window,
+                    request_id,
+                    prepared,
+                    envs,
+                    members,
+                    holds,
+                    slice_of=self.delivery.arena_slice,
+                    release=self.arena.release,
+                    timeout=None if now else self.full_timeout,
+                    drain=self._drain,
+                )
+                if got is None:
+                    raise _MustWait
+                envs, window = got
             with self.lock:
                 gone = [s for s in members.values() if s.gone and s.rank in owners]
                 if gone:
@@ -238,7 +249,7 @@ class Publisher:
         envs: list[FeatureEnvelope],
         host: list[int],
         members: dict[int, Member],
-        holds: _Holds,
+        holds: Holds,
     ) -> list[FeatureEnvelope]:
         """Point the items whose payloads are resident in the arena at them: each owner's
         member gains one reference per lease (its consumer releases once per batch)."""
@@ -262,7 +273,7 @@ class Publisher:
             out[k] = msgspec.structs.replace(envs[k], payload=self._ref(lease, off, n))
         return out
 
-    def _undo(self, holds: _Holds) -> None:
+    def _undo(self, holds: Holds) -> None:
         """Give back the references a failed publish added to resident leases."""
         for holder, start, gen in holds.claimed:
             self.arena.release(start, gen, holder)
@@ -304,61 +315,6 @@ class Publisher:
                 digest = payload_digest(prepared[k], written)
             out[k] = msgspec.structs.replace(envs[k], payload=ref, digest=digest)
         return out
-
-    def _stage(
-        self,
-        request_id: str,
-        prepared: list[PreparedItem],
-        envs: list[FeatureEnvelope],
-        members: dict[int, Member],
-        holds: _Holds,
-        *,
-        now: bool,
-    ) -> tuple[list[FeatureEnvelope], Staged | None]:
-        """Copy the host payloads that remote pulling ranks own into the transfer window (the
-        only memory the engine can reach), each with a digest their puller checks; the
-        envelopes with those digests, and the window's references. The pullers' references
-        to the arena are given back: they read the window, never the arena."""
-        pullers = {r: s for r, s in members.items() if s.pulls}
-        staged = [
-            k
-            for k, e in enumerate(envs)
-            if isinstance(e.payload, CpuRef) and any(r in pullers for r in e.consumers)
-        ]
-        if not staged or self.transfer is None:
-            return envs, None
-        window = self.transfer.window
-        holders = {pullers[r].id for k in staged for r in envs[k].consumers if r in pullers}
-        sizes = [envs[k].tensor.nbytes for k in staged]
-        if now:
-            got = window.try_allocate(sizes, holders, tag=request_id)
-            if got is None:
-                raise _MustWait
-            lease = got
-        else:
-            lease = window.allocate(
-                sizes, holders, self.full_timeout, drain=self._drain, tag=request_id
-            )
-        out = list(envs)
-        refs: dict[int, CpuRef] = {}
-        for k, (off, n) in zip(staged, lease.slots):
-            window.view[off : off + n] = self.delivery.arena_slice(envs[k])
-            if envs[k].digest is None:  # the puller checks every item's bytes against one
-                digest = payload_digest(prepared[k], window.view[off : off + n])
-                out[k] = msgspec.structs.replace(envs[k], digest=digest)
-            refs[k] = CpuRef(
-                arena_id=window.id,
-                lease=lease.start,
-                offset=off,
-                length=n,
-                generation=lease.generation,
-            )
-        window.publish(lease)
-        for p in pullers.values():
-            for start, gen in holds.by_member.pop(p.id, []):
-                self.arena.release(start, gen, p.id)
-            holds.claimed = [c for c in holds.claimed if c[0] != p.id]
-        return out, Staged(lease, refs)
 
     def _publish_inline(
         self, request_id: str, prepared: list[PreparedItem], envs: list[FeatureEnvelope]
@@ -427,55 +383,3 @@ class Publisher:
 
 class _MustWait(Exception):
     """``publish_now`` cannot publish without waiting or heavy work (nothing was kept)."""
-
-
-def _large(items: Sequence[Item]) -> bool:
-    """Whether a request is plainly too much for ``publish_now`` before anything is read
-    (so a ``preprocess`` callable is never called twice): a CUDA tensor, an image object or
-    bytes to decode, or over ``NOW_MAX_BYTES`` of data."""
-    total = 0
-    for item in items:
-        data = item.data
-        if item.decode:
-            return True
-        if isinstance(data, torch.Tensor):
-            if data.is_cuda:
-                return True
-            total += data.numel() * data.element_size()
-        elif isinstance(data, np.ndarray):
-            total += data.nbytes
-        elif isinstance(data, (bytes, bytearray, memoryview)):
-            total += memoryview(data).nbytes
-        else:
-            return True
-    return total > NOW_MAX_BYTES
-
-
-def _heavy(prepared: list[PreparedItem]) -> bool:
-    """Whether writing these items takes more than copying a little memory: an image to
-    decode or convert, a CUDA tensor to copy down, or over ``NOW_MAX_BYTES`` in all."""
-    if any(p.cuda is not None for p in prepared):
-        return True
-    if any(p.image is not None and not isinstance(p.image, np.ndarray) for p in prepared):
-        return True
-    return sum(p.nbytes for p in prepared) > NOW_MAX_BYTES
-
-
-class _Holds:
-    """The references one publish gives: per member, the leases it must release."""
-
-    def __init__(self) -> None:
-        self.by_member: Holds = {}
-        self.claimed: list[tuple[int, int, int]] = []
-        """(member, lease, generation) references added to resident leases (undone if
-        the publish fails)."""
-        self.reused: set[int] = set()
-        """Items pointed at resident payloads."""
-
-    def holds(self, member: int, start: int) -> bool:
-        return any(st == start for st, _ in self.by_member.get(member, ()))
-
-    def add(self, member: int, start: int, gen: int, *, claimed: bool = False) -> None:
-        self.by_member.setdefault(member, []).append((start, gen))
-        if claimed:
-            self.claimed.append((member, start, gen))

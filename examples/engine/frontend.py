@@ -59,6 +59,7 @@ class Frontend:
         self._decoder = msgspec.msgpack.Decoder(Report)
         self._tasks: list[asyncio.Task[None]] = []
         self._affinity = OwnerAffinity()  # resent images go back to the rank caching them
+        self._load: dict[int, int] = {}  # patches each rank owns in requests not yet done
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 << 20)
@@ -125,7 +126,7 @@ class Frontend:
                         "index": 0,
                         "message": {
                             "role": "assistant",
-                            "content": f"I saw {len(seen)} images. {summary}",
+                            "content": f"I saw {_count(len(seen), 'image')}. {summary}",
                         },
                         "finish_reason": "stop",
                     }
@@ -158,8 +159,11 @@ class Frontend:
             preferred = [
                 slot.get(r) if r is not None else None for r in self._affinity.preferred(keys)
             ]
-            maps = assign_owners(patches, len(live), preferred=preferred)
+            loads = [self._load.get(r, 0) for r in live]  # patches still in flight per rank
+            maps = assign_owners(patches, len(live), preferred=preferred, loads=loads)
             owners = [(live[o[0]],) for o in owners_of(maps, len(images))]
+            for (rank,), n in zip(owners, patches):
+                self._load[rank] = self._load.get(rank, 0) + n
             self._affinity.remember(keys, [o[0] for o in owners])
             name = f"{request_id}/{attempt}"
             pending = _Pending({o[0] for o in owners})
@@ -175,6 +179,8 @@ class Frontend:
                 continue
             finally:
                 self._pending.pop(name, None)
+                for (rank,), n in zip(owners, patches):
+                    self._load[rank] -= n
             errors = [r.error for r in pending.reports if r.error]
             if errors:
                 raise MmwireError(errors[0])
@@ -212,3 +218,8 @@ class Frontend:
 
 def _error(status: int, kind: str, message: str) -> web.Response:
     return web.json_response({"error": {"type": kind, "message": message}}, status=status)
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 image``, ``2 images``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
