@@ -9,8 +9,12 @@ that benchmark on this class of machine (bench/results/) and regenerates bench/R
 from __future__ import annotations
 
 import argparse
+import logging
 from collections.abc import Sequence
 from pathlib import Path
+
+from rich.console import Console
+from rich.logging import RichHandler
 
 from ._report import DEFAULT_OUT, RECORD_DIR
 
@@ -38,16 +42,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     tr = sub.add_parser("transport", help="payload sizes x consumers x methods")
     tr.add_argument(
         "--sizes",
-        default="64K,1M,16M,64M,256M",
+        default="16K,64K,256K,1M,16M,256M",
         help="comma-separated payload sizes (K/M suffixes)",
     )
-    tr.add_argument("--consumers", default="1,2,4,8", help="comma-separated rank counts")
+    tr.add_argument("--consumers", default="1,4", help="comma-separated rank counts")
     tr.add_argument(
         "--methods",
-        default="mmwire,pickle,oob,segment,tmp_queue,zmq_frames,mooncake_tcp,pickle_tcp",
+        default="mmwire,pickle,oob,segment,tmp_queue,vllm_mq,vllm_store,zmq_frames,mooncake_tcp,pickle_tcp",
         help="the last three reach a rank on another host (run with one rank over TCP)",
     )
     tr.add_argument("--seconds", type=float, default=2.0, help="time budget per cell")
+    tr.add_argument(
+        "--throughput-requests",
+        type=int,
+        default=2000,
+        help="requests sent back to back at 64 KiB for the unpaced rate",
+    )
     pre = sub.add_parser("preprocess", help="CPU preprocessing vs the reference processor's way")
     pre.add_argument("--threads", type=int, default=2)
     sub.add_parser("h2d", help="H2D from the arena, registered vs pageable (needs CUDA)")
@@ -78,10 +88,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"--record updates ./{RECORD_DIR}: run it from a mmwire checkout's root")
         args.out = RECORD_DIR
     command = args.command or "demo"
+    # mmwire's log lines (a rank that ended, a request reported lost) go through the console
+    # that draws the progress and the tables, above them, never into them
+    console = Console()
+    logging.basicConfig(
+        level=logging.WARNING,
+        format="%(message)s",
+        handlers=[RichHandler(console=console, show_path=False, show_time=False)],
+    )
     if command == "demo":
         from ._demo import run_demo
 
-        run_demo(ranks=getattr(args, "ranks", 2), reps=getattr(args, "reps", 5), out_dir=args.out)
+        run_demo(
+            ranks=getattr(args, "ranks", 2),
+            reps=getattr(args, "reps", 5),
+            out_dir=args.out,
+            console=console,
+        )
     elif command == "transport":
         from ._transport import run_transport
 
@@ -91,19 +114,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.methods.split(","),
             args.seconds,
             out_dir=args.out,
+            throughput_requests=args.throughput_requests,
+            console=console,
         )
     elif command == "preprocess":
         from ._preprocess import run_preprocess
 
-        run_preprocess(threads=args.threads, out_dir=args.out)
+        run_preprocess(threads=args.threads, out_dir=args.out, console=console)
     elif command == "h2d":
         from ._h2d import run_h2d
 
-        run_h2d(out_dir=args.out)
+        run_h2d(out_dir=args.out, console=console)
     elif command == "kernels":
         from ._kernels import run_kernels
 
-        run_kernels(reps=args.reps, out_dir=args.out)
+        run_kernels(reps=args.reps, out_dir=args.out, console=console)
     elif command == "pipeline":
         from ._pipeline import run_pipeline
 
@@ -113,6 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             tuple(float(x) for x in args.rates.split(",")),
             tuple(args.device.split(",")),
             out_dir=args.out,
+            console=console,
         )
     elif command == "engine":
         from ._engine import run_engine

@@ -38,10 +38,31 @@ from ._harness import Ranks
 from ._report import percentile, write_run
 
 
-def _cpu_s() -> float:
+def _cpu_s(ranks: Ranks) -> float:
+    """CPU seconds used so far by this process and the method's live rank processes (a
+    rank that spins shows here, not in the latency)."""
     r = resource.getrusage(resource.RUSAGE_SELF)
-    c = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime + c.ru_utime + c.ru_stime
+    total = r.ru_utime + r.ru_stime
+    tick = os.sysconf("SC_CLK_TCK")
+    for p in ranks.procs:
+        try:
+            with open(f"/proc/{p.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return total
+
+
+def _throughput(method: _Method, tensor: torch.Tensor, n: int, requests: int) -> float:
+    """Requests per second one producer sustains to ``n`` ranks, nothing pacing it:
+    ``requests`` sends back to back, until every rank has reported every one."""
+    t0 = time.perf_counter()
+    for k in range(requests):
+        method.send(f"t{k}", tensor)
+    done = method.ranks.wait("done", n * requests)
+    method.round_done()
+    return requests / (max(float(d[3]) for d in done) - t0)
 
 
 class _Method:
@@ -95,7 +116,9 @@ class _Mmwire(_Method):
 
 
 class _ZmqFanout(_Method):
-    def __init__(self, n: int, target: Callable[..., None], tcp: bool = False) -> None:
+    def __init__(
+        self, n: int, target: Callable[..., None], tcp: bool = False, extra: tuple[Any, ...] = ()
+    ) -> None:
         super().__init__(n)
         self.tmp = f"@mmwire-bench-{secrets.token_hex(8)}"  # abstract sockets: no files
         self.ctx: zmq.Context[Any] = zmq.Context()
@@ -104,7 +127,7 @@ class _ZmqFanout(_Method):
         for r, s in enumerate(self.socks):
             s.bind("tcp://127.0.0.1:*" if tcp else f"ipc://{self.tmp}/{self.name}{r}")
             eps.append(s.getsockopt_string(zmq.LAST_ENDPOINT))
-        self.ranks = Ranks(target, n, lambda r: (eps[r],))
+        self.ranks = Ranks(target, n, lambda r: (eps[r], *extra))
 
     def close(self) -> None:
         self.stop()
@@ -162,7 +185,9 @@ class _Remote(_Mmwire):
                 arena_size=max(64 << 20, 3 * max_bytes + (16 << 20)),
                 full_timeout=30,
                 allow_insecure_tcp=True,
-                transfer=MooncakeTransfer() if pull else None,
+                transfer=MooncakeTransfer(window_size=max(256 << 20, 2 * max_bytes + (16 << 20)))
+                if pull
+                else None,
             )
         pool = max(64 << 20, 2 * max_bytes + (16 << 20))
         self.ranks = Ranks(_workers.remote_rank, n, lambda r: (self.p.endpoint, pull, pool))
@@ -249,8 +274,105 @@ class _TmpQueue(_Method):
         self.ranks.close()
 
 
+class _VllmQueue(_Method):
+    """vLLM's ``shm_broadcast.MessageQueue`` with its executor's defaults (16 MiB chunks,
+    10 of them; larger objects overflow to zmq): the writer enqueues, every rank dequeues."""
+
+    name = "vllm_mq"
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n)
+        from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
+
+        self.mq = MessageQueue(n, n, max_chunk_bytes=16 << 20, max_chunks=10)
+        handle = self.mq.export_handle()
+        self.ranks = Ranks(_workers.vllm_mq_rank, n, lambda r: (handle,))
+        self.mq.wait_until_ready()
+
+    def send(self, rid: str, tensor: torch.Tensor) -> None:
+        self.mq.enqueue((rid, tensor), timeout=60)  # TimeoutError if a reader stops reading
+
+    def copies(self, nbytes: int) -> int:
+        return nbytes * (1 + self.n)  # into the ring, then each reader's copy out of it
+
+    def close(self) -> None:
+        self.mq.enqueue(("stop", None))
+        self.ranks.close()
+        self.mq.shutdown()
+
+
+class _VllmStore(_ZmqFanout):
+    """vLLM's multimodal ``SingleWriterShmObjectStorage`` (``mm_processor_cache_type=shm``):
+    the writer puts the tensor and sends each rank its signed address over zmq; every rank
+    reads it from the store."""
+
+    name = "vllm_store"
+
+    def __init__(self, n: int, max_bytes: int) -> None:
+        import multiprocessing as mp
+
+        from vllm.distributed.device_communicators.shm_object_storage import (
+            SingleWriterShmObjectStorage,
+            SingleWriterShmRingBuffer,
+        )
+
+        ring = SingleWriterShmRingBuffer(max(64 << 20, 3 * max_bytes + (16 << 20)), create=True)
+        self.store = SingleWriterShmObjectStorage(
+            max_object_size=max_bytes + (1 << 20),
+            n_readers=n,
+            ring_buffer=ring,
+            reader_lock=mp.get_context("spawn").Lock(),
+        )
+        self.puts = 0
+        super().__init__(n, _workers.vllm_store_rank, extra=(self.store.handle(),))
+
+    def send(self, rid: str, tensor: torch.Tensor) -> None:
+        key = f"{rid}-{self.puts}"
+        self.puts += 1
+        while True:  # a full store waits for its readers, as vLLM's sender cache would
+            try:
+                address, monotonic_id = self.store.put(key, tensor)
+                break
+            except MemoryError:
+                time.sleep(0.0005)
+        message = msgspec.msgpack.encode(
+            [rid, key, address, monotonic_id, self.store.get_signature(key)]
+        )
+        for s in self.socks:
+            s.send(message)
+
+    def copies(self, nbytes: int) -> int:
+        return nbytes * (1 + self.n)  # into the store, then each reader's decode copies it
+
+    def stop(self) -> None:
+        for s in self.socks:
+            s.send(msgspec.msgpack.encode(["stop", "", 0, 0, []]))
+
+    def close(self) -> None:
+        super().close()
+        self.store.close()
+
+
+def vllm_missing() -> str:
+    """Why vLLM's modules do not import here (``""`` if they do)."""
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    try:
+        from vllm.distributed.device_communicators import (  # noqa: F401
+            shm_broadcast,
+            shm_object_storage,
+        )
+        from vllm.multimodal.inputs import MultiModalKwargsItem  # noqa: F401  (the store's serde)
+        from vllm.v1.serial_utils import MsgpackEncoder  # noqa: F401
+    except Exception as e:  # vLLM is an optional peer; any import failure means "absent"
+        return f"{type(e).__name__}: {e}"
+    return ""
+
+
 PEERS = ("pickle", "oob", "segment", "tmp_queue")
 """The engines' ways of moving a tensor to every rank that the benchmarks set beside mmwire."""
+
+VLLM = ("vllm_mq", "vllm_store")
+"""vLLM's own modules, run when vLLM imports (``pip install .[peers]``)."""
 
 CROSS_HOST = ("zmq_frames", "mooncake_tcp", "pickle_tcp")
 """The ways to a rank on another host, run with one rank over loopback TCP."""
@@ -263,6 +385,10 @@ def make_method(name: str, n: int, max_bytes: int = 64 << 20) -> _Method:
         return _Mmwire(n, max_bytes)
     if name in ("zmq_frames", "mooncake_tcp"):
         return _Remote(n, max_bytes, pull=name == "mooncake_tcp")
+    if name == "vllm_mq":
+        return _VllmQueue(n)
+    if name == "vllm_store":
+        return _VllmStore(n, max_bytes)
     peers = {
         "pickle": _Pickle,
         "oob": _Oob,
@@ -273,6 +399,46 @@ def make_method(name: str, n: int, max_bytes: int = 64 << 20) -> _Method:
     return peers[name](n)
 
 
+def _measure(
+    method: _Method,
+    name: str,
+    n: int,
+    size: int,
+    seconds: float,
+    throughput_size: int,
+    throughput_requests: int,
+) -> dict[str, Any] | None:
+    """One method x rank count x size: latencies, CPU, and the unpaced rate at
+    ``throughput_size``; ``None`` if a rank stopped answering."""
+    tensor = torch.from_numpy(np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8))
+    lat: list[float] = []
+    try:
+        cpu0, wall0 = _cpu_s(method.ranks), time.perf_counter()
+        reps = 0
+        while reps < 3 or (time.perf_counter() - wall0 < seconds and reps < 1000):
+            t0 = time.perf_counter()
+            method.send(f"{reps}", tensor)
+            done = method.ranks.wait("done", n)
+            lat.append(max(d[3] for d in done) - t0)
+            method.round_done()
+            reps += 1
+        wall = time.perf_counter() - wall0
+        sample = {
+            "method": name,
+            "consumers": n,
+            "bytes": size,
+            "latency_s": lat,
+            "throughput_GBps": size * reps / wall / 1e9,
+            "copied_bytes": method.copies(size),
+            "cpu_s_per_1000": (_cpu_s(method.ranks) - cpu0) / reps * 1000,
+        }
+        if size == throughput_size and name not in CROSS_HOST:
+            sample["requests_per_s"] = _throughput(method, tensor, n, throughput_requests)
+    except TimeoutError:
+        return None
+    return sample
+
+
 def run_transport(
     sizes: list[int],
     consumers: list[int],
@@ -280,9 +446,17 @@ def run_transport(
     seconds: float,
     out_dir: Path | None = None,
     console: Console | None = None,
+    throughput_size: int = 64 << 10,
+    throughput_requests: int = 2000,
 ) -> Path:
-    """Every method x size x rank count; latency p50/p99, throughput, copies, CPU time."""
+    """Every method x size x rank count: latency p50/p99, copies, CPU per 1,000 requests;
+    and each method's sustained rate at ``throughput_size``."""
     console = console or Console()
+    if any(m in VLLM for m in methods):
+        why = vllm_missing()
+        if why:
+            console.print(f"transport: vLLM's peers skipped (pip install '.[peers]'): {why}")
+            methods = [m for m in methods if m not in VLLM]
     samples: list[dict[str, Any]] = []
     with Progress(console=console, transient=True) as bar:
         cells = [(n, name) for n in consumers for name in methods if name not in CROSS_HOST]
@@ -298,39 +472,25 @@ def run_transport(
             try:
                 for size in sizes:
                     bar.update(task, description=f"{name} x{n} {size >> 10} KiB")
-                    tensor = torch.from_numpy(
-                        np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8)
+                    sample = _measure(
+                        method, name, n, size, seconds, throughput_size, throughput_requests
                     )
-                    lat: list[float] = []
-                    cpu0, wall0 = _cpu_s(), time.perf_counter()
-                    reps = 0
-                    while reps < 3 or (time.perf_counter() - wall0 < seconds and reps < 200):
-                        t0 = time.perf_counter()
-                        method.send(f"{reps}", tensor)
-                        done = method.ranks.wait("done", n)
-                        lat.append(max(d[3] for d in done) - t0)
-                        method.round_done()
-                        reps += 1
-                    wall = time.perf_counter() - wall0
-                    samples.append(
-                        {
-                            "method": name,
-                            "consumers": n,
-                            "bytes": size,
-                            "latency_s": lat,
-                            "throughput_GBps": size * reps / wall / 1e9,
-                            "copied_bytes": method.copies(size),
-                            "cpu_s_per_publish": (_cpu_s() - cpu0) / reps,
-                        }
-                    )
+                    if sample is None:
+                        console.print(
+                            f"transport: {name} x{n} stopped at {_size(size)}: a rank hung"
+                        )
+                        break
+                    samples.append(sample)
                     bar.advance(task)
             finally:
                 method.close()
     table = render_table({"samples": samples})
+    rates = render_rate_table({"samples": samples})
     cross = render_cross_host_table({"samples": samples})
+    extra = [t for t in (rates, cross) if t is not None]
     console.print(table)
-    if cross is not None:
-        console.print(cross)
+    for t in extra:
+        console.print(t)
     folder = write_run(
         "transport",
         {
@@ -340,13 +500,17 @@ def run_transport(
                 "owner = rank 0; mmwire's other ranks receive the envelope only, peers send the "
                 "payload to every rank",
                 "copied_bytes is the model of each path's copies per publish, not a measurement",
+                "cpu_s_per_1000: CPU seconds of the producer and every rank per 1,000 requests "
+                "of the latency loop (a peer whose readers spin pays here)",
+                "requests_per_s: requests sent back to back, nothing pacing them, until every "
+                "rank reported every one",
                 "cross-host ways: one rank on loopback TCP (no RDMA here); zmq_frames sends the "
                 "arena's bytes as zmq frames, mooncake_tcp lets the rank pull them through "
                 "Mooncake's Transfer Engine, pickle_tcp pickles over zmq",
             ],
         },
         table,
-        extra_tables=[] if cross is None else [cross],
+        extra_tables=extra,
         plot=lambda path: _plot(samples, methods, path),
         out_dir=out_dir,
     )
@@ -367,6 +531,36 @@ def render_table(payload: dict[str, Any]) -> Table:
             cells = {s["method"]: s for s in samples if s["consumers"] == n and s["bytes"] == size}
             p50 = {m: percentile(c["latency_s"], 50) * 1e3 for m, c in cells.items()}
             table.add_row(str(n), _size(size), *(_cell(p50, m) for m in methods))
+    return table
+
+
+def render_rate_table(payload: dict[str, Any]) -> Table | None:
+    """Per rank count, each method's sustained requests/s at the throughput size (x
+    mmwire's) and CPU seconds per 1,000 requests (``None`` if the run measured no rate)."""
+    samples = [s for s in payload["samples"] if "requests_per_s" in s]
+    if not samples:
+        return None
+    methods = list(dict.fromkeys(s["method"] for s in samples))
+    size = _size(samples[0]["bytes"])
+    table = Table(title=f"{size} requests, unpaced: requests/s (x mmwire's); CPU s per 1,000")
+    for col in ("ranks", *methods):
+        table.add_column(col, justify="right")
+    for n in sorted({s["consumers"] for s in samples}):
+        cells = {s["method"]: s for s in samples if s["consumers"] == n}
+        base = cells.get("mmwire")
+        row = []
+        for m in methods:
+            c = cells.get(m)
+            if c is None:
+                row.append("-")
+                continue
+            ratio = (
+                ""
+                if base is None or m == "mmwire"
+                else (f" ({c['requests_per_s'] / base['requests_per_s']:.2f}x)")
+            )
+            row.append(f"{c['requests_per_s']:,.0f}{ratio}; {c['cpu_s_per_1000']:.2f}")
+        table.add_row(str(n), *row)
     return table
 
 

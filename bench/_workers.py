@@ -272,3 +272,48 @@ def engine_rank(
             after = mat.cache_statistics()
             hits = after.hits - before.hits if after is not None and before is not None else 0
             _say(out, "done", rank, rid, t1, t1 - t0, hits)
+
+
+def vllm_mq_rank(rank: int, handle: Any, report: str) -> None:
+    """vLLM's own shared-memory broadcast queue (``shm_broadcast.MessageQueue``), as its
+    executor's workers read it: every rank dequeues the whole object."""
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    torch.set_num_threads(1)
+    from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
+
+    ctx, out = _reporter(report)
+    mq = MessageQueue.create_from_handle(handle, rank)
+    _say(out, "ready", rank, "", 0.0)
+    mq.wait_until_ready()
+    while True:
+        rid, tensor = mq.dequeue(indefinite=True)
+        if rid == "stop":
+            break
+        _say(out, "done", rank, rid, time.perf_counter(), tensor.numel() * tensor.element_size())
+        del tensor
+    out.close(0)
+    ctx.term()
+
+
+def vllm_store_rank(rank: int, endpoint: str, handle: Any, report: str) -> None:
+    """vLLM's multimodal shared-memory object store (``SingleWriterShmObjectStorage``, what
+    ``mm_processor_cache_type=shm`` uses): the item's signed address arrives over zmq and
+    the rank reads the object from the store."""
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    torch.set_num_threads(1)
+    from vllm.distributed.device_communicators.shm_object_storage import (
+        SingleWriterShmObjectStorage,
+    )
+
+    store = SingleWriterShmObjectStorage.create_from_handle(handle)
+
+    def receive(sock: zmq.Socket[Any]) -> tuple[str, torch.Tensor | None]:
+        rid, key, address, monotonic_id, signature = msgspec.msgpack.decode(sock.recv())
+        if rid == "stop":
+            return rid, None
+        return rid, store.get(address, monotonic_id, signature, key)
+
+    try:
+        _pull_rank(rank, endpoint, report, receive)
+    finally:
+        store.close()
