@@ -10,6 +10,7 @@ one unrecorded pass over the requests.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -29,7 +30,7 @@ from rich.table import Table
 from . import _workers
 from ._harness import Ranks
 from ._report import write_run
-from ._transport import PEERS, make_method
+from ._transport import LABELS, PEERS, make_method
 
 __all__ = ["REQUESTS", "run_demo"]
 
@@ -79,6 +80,9 @@ def run_demo(
         f"mmwire demo: {len(requests)} requests x {reps} runs on each of {len(paths)} paths, "
         f"1 tokenizer -> {ranks} ranks on this host"
     )
+    for peer in PEERS:
+        console.print(f"  {peer:<10} {LABELS[peer]}")
+    load_before = os.getloadavg()[0]
     with progress:
         for path in paths:
             task = progress.add_task(path, total=len(requests) * reps)
@@ -101,6 +105,9 @@ def run_demo(
     per_request, summary = _tables(rows, paths, reps)
     console.print(per_request)
     console.print(summary)
+    busy = _busy(load_before, os.getloadavg()[0])
+    if busy:
+        console.print(busy)
     folder = write_run(
         "demo",
         {
@@ -121,6 +128,18 @@ def run_demo(
     )
     console.print(f"results: {folder}")
     return folder
+
+
+def _busy(before: float, after: float) -> str:
+    """A line saying the machine was busy, if its 1-minute load average before the run was
+    half its cores or more (other work was running beside the ranks); ``""`` otherwise."""
+    cores = os.cpu_count() or 1
+    if before < 0.5 * cores:
+        return ""
+    return (
+        f"note: this machine was busy before the run (load {before:.1f} on {cores} cores, "
+        f"{after:.1f} after): the timings are noisier than usual"
+    )
 
 
 def _mmwire_path(

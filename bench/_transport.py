@@ -368,6 +368,17 @@ def vllm_missing() -> str:
     return ""
 
 
+LABELS = {
+    "mmwire": "mmwire",
+    "pickle": "pickle over zmq",
+    "oob": "msgpack + out-of-band frames",
+    "segment": "a segment per tensor",
+    "tmp_queue": "torch.multiprocessing",
+    "vllm_mq": "vLLM MessageQueue",
+    "vllm_store": "vLLM shm object store",
+}
+"""What the README calls each method."""
+
 PEERS = ("pickle", "oob", "segment", "tmp_queue")
 """The engines' ways of moving a tensor to every rank that the benchmarks set beside mmwire."""
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from mmwire.bench._cli import main
 from mmwire.bench._engine import trace
-from mmwire.bench._transport import PEERS
+from mmwire.bench._transport import LABELS, PEERS
 
 
 def test_demo_shows_every_path_at_80_columns_and_writes_only_its_results(tmp_path: Path) -> None:
@@ -31,6 +31,8 @@ def test_demo_shows_every_path_at_80_columns_and_writes_only_its_results(tmp_pat
     lines = run.stdout.splitlines()
     assert max(len(line) for line in lines) <= 80
     assert lines[0].startswith("mmwire demo:")  # says what it does before it works
+    for peer in PEERS:  # each peer's id, with the name the README gives it
+        assert any(line.split()[:1] == [peer] and LABELS[peer] in line for line in lines[1:6])
     header = next(line for line in lines if line.split()[:2] == ["req", "MP"])
     assert header.split()[2:] == ["mmwire", *PEERS]  # every peer, side by side, whole
     assert "no joined member" not in run.stderr
