@@ -99,7 +99,7 @@ def test_four_ranks_read_their_items_byte_exact(rng: np.random.Generator) -> Non
         assert per_rank[3][1][2] == {0: hashlib.sha256(images[0].tobytes()).hexdigest()}
         for _ in range(4):
             inbox.get("done")
-        settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
+        assert settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
         st = p.statistics().arena
         assert st.leases_outstanding == 0 and st.bytes_in_use == 0
         # req-b's payloads were resident (req-a's lease): referenced again, not copied
@@ -131,7 +131,7 @@ def test_killed_consumer_releases_its_leases(rng: np.random.Generator) -> None:
         survivor_inbox.get("batch")
         assert p.statistics().arena.leases_outstanding == 1
         os.kill(victim[5], signal.SIGKILL)
-        settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
+        assert settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
         assert p.statistics().arena.bytes_in_use == 0
         p.publish("r2", [_raw_item(img[:10], (1,))])  # the survivor keeps working
         assert survivor_inbox.get("done")[1] == 1
@@ -179,7 +179,7 @@ def test_tiny_arena_back_pressure_then_arena_full(pair: tuple[Producer, Consumer
     assert cc.envelopes[GlobalIndex(0)].request_id == "c"
     b.release()
     cc.release()
-    settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
+    assert settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
     assert p.statistics().arena.bytes_in_use == 0
 
 
@@ -235,7 +235,7 @@ def test_stale_forged_and_foreign_references(pair: tuple[Producer, Consumer]) ->
     batch.release()
     with pytest.raises(ClosedResourceError):
         batch.open(GlobalIndex(0))
-    settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
+    assert settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
     # a released lease stays resident for reuse by digest until its room is needed
     assert np.array_equal(c.decode(encode_batch([env])).open(GlobalIndex(0)), img)
     room = p.arena.allocate([p.arena.capacity - 4096], set(), 1.0)  # all of it: evicts it
@@ -257,7 +257,7 @@ def test_non_owner_cannot_open(pair: tuple[Producer, Consumer]) -> None:
         b1.release()  # releases nothing: rank 1 holds no lease
         assert c1.statistics().leases_held == 0
         c.recv(5).release()
-        settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
+        assert settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
     finally:
         c1.close()
 
@@ -300,7 +300,7 @@ def test_ten_thousand_requests_keep_fds_and_rss_flat(pair: tuple[Producer, Consu
     run(10_000)
     assert len(os.listdir("/proc/self/fd")) == fds
     assert rss_kib() - rss < 8 * 1024, "RSS grew by more than 8 MiB over 10k requests"
-    settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
+    assert settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
     assert p.statistics().arena.bytes_in_use == 0
 
 
@@ -354,7 +354,7 @@ def test_cross_host_consumer_over_tcp(use_curve: bool, rng: np.random.Generator)
         local.recv(10).release()  # "x": nothing of rank 0's
         with local.recv(10) as b:
             assert np.array_equal(b.open(GlobalIndex(0)), small)
-        settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
+        assert settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
         assert p.statistics().arena.bytes_in_use == 0
         if use_curve:  # a client without the key gets nothing
             stranger = Consumer(2, p.endpoint, curve_server_key=server.public)  # type: ignore[union-attr]
@@ -401,5 +401,5 @@ def test_publish_accepts_tensors_pil_and_encoded_bytes(
     with pytest.raises(InvalidRequest, match="cannot publish"):
         p.publish("bad", [Item(data=[1, 2], consumers=(0,), kind="embedding", grid=Grid((1, 1)))])
     # the consumer's release reaches the producer asynchronously
-    settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
+    assert settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
     assert p.statistics().arena.leases_outstanding == 0

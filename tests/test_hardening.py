@@ -97,7 +97,7 @@ def test_a_rank_that_stops_reading_then_resumes_gets_every_request_in_order() ->
         assert got == list(range(n)) and bad == 0
         assert waited > 1.0, "publish should have waited for the stalled rank"
         assert p.statistics().evictions == 0
-        settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
+        assert settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
         assert p.statistics().arena.bytes_in_use == 0
     finally:
         kid.join(20)
@@ -152,7 +152,7 @@ def test_a_rank_stuck_past_the_bound_is_evicted_and_the_others_keep_everything(
         done.set()
         reader.join(30)
         assert received == delivered
-        settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
+        assert settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
         assert p.statistics().arena.bytes_in_use == 0  # rank 0's leases were freed for it
         assert inbox.get("peer-gone")[1] == 0  # the stuck process learns it was cut off
     finally:
@@ -193,7 +193,7 @@ def test_a_second_process_for_a_live_rank_is_refused_and_replace_fences_the_old_
             assert (view == 61).all()
             assert p.statistics().consumers == (0,)
             batch.release()
-            settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
+            assert settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
         finally:
             new.close()
     finally:
@@ -282,8 +282,8 @@ def test_the_handover_survives_empty_garbage_silent_and_absurd_connections(
         c2.close()
         for s in silent:
             s.close()
-    settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
-    settle(p, lambda: p.statistics().handovers_refused >= 8)
+    assert settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
+    assert settle(p, lambda: p.statistics().handovers_refused >= 8)
     assert p.statistics().handovers_refused >= 8
     time.sleep(0.5)
     assert _fds() == fds
@@ -307,7 +307,7 @@ def test_a_consumer_that_dies_holding_a_lease_is_cleaned_after_a_hostile_handove
         assert p.statistics().arena.leases_outstanding == 1
         kid.kill()
         kid.join(10)
-        settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
+        assert settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
         assert p.statistics().arena.leases_outstanding == 0
     finally:
         p.close()
@@ -327,10 +327,10 @@ def test_a_release_on_the_way_when_its_member_ended_is_ignored_quietly(
         assert isinstance(ref, CpuRef)
         c1.recv(5)
         c1._handover_conn.close()  # the member ends; its lease goes back
-        settle(p, lambda: p.statistics().members_ended >= 1)
+        assert settle(p, lambda: p.statistics().members_ended >= 1)
         before = p.statistics()
         c1._sock.send(ENCODER.encode(Release(lease=ref.lease, generation=ref.generation)))
-        settle(p, lambda: p.statistics().releases_ignored > before.releases_ignored)
+        assert settle(p, lambda: p.statistics().releases_ignored > before.releases_ignored)
         after = p.statistics()
         assert after.messages_dropped == before.messages_dropped
         assert after.arena.leases_outstanding == 0
@@ -369,7 +369,7 @@ def test_forged_repeated_stale_and_foreign_releases_change_nothing(
             stranger.send(ENCODER.encode(msg))  # from no member at all
         stranger.send(b"\xc1 not msgpack")
         stranger.send_multipart([b"a", b"b", b"c"])
-        settle(
+        assert settle(
             p, lambda: p.statistics().releases_ignored >= 4 and p.statistics().messages_dropped >= 6
         )
         st = p.statistics()
@@ -377,7 +377,7 @@ def test_forged_repeated_stale_and_foreign_releases_change_nothing(
         assert st.arena.leases_outstanding == 1 and (view == 55).all()
         batch.release()
         batch.release()  # idempotent on the consumer side too
-        settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
+        assert settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
         assert p.statistics().arena.bytes_in_use == 0
     finally:
         stranger.close(0)
@@ -483,7 +483,7 @@ def test_a_thousand_bad_publishes_leak_nothing_then_a_good_one_reaches_every_own
             assert np.array_equal(b1.open(GlobalIndex(1)), b)
         with pytest.raises(TimeoutError):  # and nothing else was queued for them
             c0.recv(0.3)
-        settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
+        assert settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
     finally:
         c0.close()
         c1.close()
@@ -694,10 +694,10 @@ def test_two_honest_ranks_get_every_byte_while_a_hostile_peer_attacks() -> None:
         kid.join(10)
         kid.close()  # its sentinel fd is the test's, not the producer's
         assert sent > 50 and forged > 0
-        settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
-        settle(p, lambda: p.statistics().consumers == (0, 1), timeout=10)
+        assert settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
+        assert settle(p, lambda: p.statistics().consumers == (0, 1), timeout=10)
         time.sleep(0.5)
-        settle(p, lambda: _fds() == fds, timeout=10)
+        assert settle(p, lambda: _fds() == fds, timeout=10)
         st = p.statistics()
         assert st.arena.bytes_in_use == start_free
         assert st.consumers == (0, 1)
@@ -823,7 +823,7 @@ def test_a_remote_rank_can_rejoin_once_its_old_connection_is_gone() -> None:
         time.sleep(0.3)
         again = Consumer(1, p.endpoint)
         try:
-            settle(p, lambda: p.statistics().members_ended >= 1)
+            assert settle(p, lambda: p.statistics().members_ended >= 1)
             p.wait_for_consumers([1], 10)
             p.publish("x", [_item(np.full((4, 5, 3), 8, np.uint8), (1,))])
             with again.recv(5) as b:
