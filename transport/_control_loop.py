@@ -60,6 +60,10 @@ class ControlLoop:
         self._next_end: float | None = None  # when a closed member's grace runs out
         self._stopped = False
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        # the descriptors the thread sleeps on, read here: the sockets are not the thread's
+        self._watched = [self._wake_r, channel.fd]
+        if channel.monitor is not None:
+            self._watched.append(int(channel.monitor.getsockopt(zmq.FD)))
         self._thread = threading.Thread(target=self._run, name="mmwire-control", daemon=True)
         self._thread.start()
 
@@ -94,9 +98,7 @@ class ControlLoop:
     def _run(self) -> None:
         """Serve the channel when something arrives (a message, a disconnection, a wake),
         and at each sweep's time; nothing otherwise."""
-        watched = [self._wake_r, self.channel.fd]
-        if self.channel.monitor is not None:
-            watched.append(int(self.channel.monitor.getsockopt(zmq.FD)))
+        watched = self._watched
         while not self._stopped:
             due = self._last_sweep + _SWEEP_S
             if self._next_end is not None:
