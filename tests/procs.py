@@ -344,21 +344,26 @@ def produce_forever(name: str, q: Any) -> None:
         time.sleep(0.005)
 
 
-def mooncake_consume(
-    rank: int, endpoint: str, server: bytes, client: Any, n: int, q: Any, go: Any
-) -> None:
-    """A remote rank pulling through the transfer engine: per batch it reports its owned
-    items' sha256 and payload kinds, then holds the batch until ``go`` says release."""
+def _pulling_consumer(rank: int, endpoint: str, server: bytes, client: Any, pool: int) -> Consumer:
+    """A remote rank (tcp + CURVE) that pulls its items through the transfer engine."""
     from mmwire.transport import MooncakeTransfer
 
-    c = Consumer(
+    return Consumer(
         rank,
         endpoint,
         curve_server_key=server,
         curve=client,
         transfer=MooncakeTransfer(),
-        receive_pool_size=32 << 20,
+        receive_pool_size=pool,
     )
+
+
+def mooncake_consume(
+    rank: int, endpoint: str, server: bytes, client: Any, n: int, q: Any, go: Any
+) -> None:
+    """A remote rank pulling through the transfer engine: per batch it reports its owned
+    items' sha256 and payload kinds, then holds the batch until ``go`` says release."""
+    c = _pulling_consumer(rank, endpoint, server, client, 32 << 20)
     q.put(("joined", rank, os.getpid()))
     with _reporting(c, q, rank):
         for _ in range(n):
@@ -401,16 +406,9 @@ def mooncake_pull_on_go(
 ) -> None:
     """A remote rank that pulls one batch each time ``go`` says so, reporting its owned
     items' sha256, or the type of the ``MmwireError`` the batch raised."""
-    from mmwire.transport import MmwireError, MooncakeTransfer
+    from mmwire.transport import MmwireError
 
-    c = Consumer(
-        rank,
-        endpoint,
-        curve_server_key=server,
-        curve=client,
-        transfer=MooncakeTransfer(),
-        receive_pool_size=32 << 20,
-    )
+    c = _pulling_consumer(rank, endpoint, server, client, 32 << 20)
     q.put(("joined", rank, os.getpid()))
     with _reporting(c, q, rank):
         for _ in range(n):
@@ -503,16 +501,9 @@ def mooncake_checker(rank: int, endpoint: str, server: bytes, client: Any, q: An
     """A remote rank pulling through the engine until request ``stop``: checks every byte
     of every item it owns against ``hammer_payload`` and reports
     ``("checked", rank, exact, wrong, {error type: count})``."""
-    from mmwire.transport import MmwireError, MooncakeTransfer
+    from mmwire.transport import MmwireError
 
-    c = Consumer(
-        rank,
-        endpoint,
-        curve_server_key=server,
-        curve=client,
-        transfer=MooncakeTransfer(),
-        receive_pool_size=16 << 20,
-    )
+    c = _pulling_consumer(rank, endpoint, server, client, 16 << 20)
     q.put(("joined", rank, os.getpid()))
     exact, wrong, errors = 0, 0, {}
     with _reporting(c, q, rank):
