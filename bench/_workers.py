@@ -185,18 +185,30 @@ def segment_rank(rank: int, endpoint: str, report: str) -> None:
     _pull_rank(rank, endpoint, report, _clone_segment)
 
 
-def tmp_queue_rank(rank: int, queue: Any, report: str) -> None:
-    """torch.multiprocessing queue: the tensor arrives as a shared-memory fd per put."""
+def _serve_queue(
+    rank: int,
+    report: str,
+    get: Callable[[], tuple[str, Any]],
+    ready: Callable[[], None] = lambda: None,
+) -> None:
+    """The loop of a rank fed by a queue: say ready, then ``ready()`` (a handshake after
+    the harness knows the rank is up), then take ``(request, tensor)`` until 'stop'."""
     ctx, out = _reporter(report)
     _say(out, "ready", rank, "", 0.0)
+    ready()
     while True:
-        rid, tensor = queue.get()
+        rid, tensor = get()
         if rid == "stop":
             break
         _say(out, "done", rank, rid, time.perf_counter(), tensor.numel() * tensor.element_size())
         del tensor
     out.close(0)
     ctx.term()
+
+
+def tmp_queue_rank(rank: int, queue: Any, report: str) -> None:
+    """torch.multiprocessing queue: the tensor arrives as a shared-memory fd per put."""
+    _serve_queue(rank, report, queue.get)
 
 
 def pipeline_rank(
@@ -281,18 +293,8 @@ def vllm_mq_rank(rank: int, handle: Any, report: str) -> None:
     torch.set_num_threads(1)
     from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
 
-    ctx, out = _reporter(report)
     mq = MessageQueue.create_from_handle(handle, rank)
-    _say(out, "ready", rank, "", 0.0)
-    mq.wait_until_ready()
-    while True:
-        rid, tensor = mq.dequeue(indefinite=True)
-        if rid == "stop":
-            break
-        _say(out, "done", rank, rid, time.perf_counter(), tensor.numel() * tensor.element_size())
-        del tensor
-    out.close(0)
-    ctx.term()
+    _serve_queue(rank, report, lambda: mq.dequeue(indefinite=True), mq.wait_until_ready)
 
 
 def vllm_store_rank(rank: int, endpoint: str, handle: Any, report: str) -> None:
