@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from mmwire.materialize import ProcessorConfig, assign_owners, owners_of, preprocess_images
+from mmwire.materialize import KimiConfig, assign_owners, owners_of, preprocess_images
 from mmwire.transport import Grid, Item, Producer
 from PIL import Image
 from rich import box
@@ -145,7 +145,7 @@ def _busy(before: float, after: float) -> str:
 def _mmwire_path(
     requests: list[list[Image.Image]], ranks: int, reps: int, tick: Callable[[], None]
 ) -> tuple[list[list[float]], list[int]]:
-    cfg = ProcessorConfig()
+    cfg = KimiConfig()
     producer = Producer(arena_size=256 << 20)
     workers = Ranks(
         _workers.mmwire_rank,
@@ -156,10 +156,10 @@ def _mmwire_path(
         producer.wait_for_consumers(range(ranks), 60)
 
         def send(rid: str, imgs: list[Image.Image]) -> int:
-            specs = [cfg.spec_for(im.width, im.height) for im in imgs]
+            specs = [cfg(im.width, im.height) for im in imgs]
             maps = assign_owners([s.plan.grid.patches for s in specs], ranks)
             items = [
-                Item(data=im, consumers=o, preprocess=cfg.spec_for)
+                Item(data=im, consumers=o, preprocess=cfg)
                 for im, o in zip(imgs, owners_of(maps, len(imgs)))
             ]
             envs = producer.publish(rid, items)
@@ -184,7 +184,7 @@ def _peer_path(
     def run(
         requests: list[list[Image.Image]], ranks: int, reps: int, tick: Callable[[], None]
     ) -> tuple[list[list[float]], list[int]]:
-        cfg = ProcessorConfig()
+        cfg = KimiConfig()
         method = make_method(name, ranks)
         try:
 

@@ -24,14 +24,8 @@ from typing import Any
 
 import numpy as np
 from mmwire.materialize import OwnerAffinity, assign_owners, owners_of, spec_for
-from mmwire.transport import (
-    AsyncProducer,
-    Consumer,
-    Grid,
-    Item,
-    Producer,
-    encoded_image,
-)
+from mmwire.transport import AsyncProducer, Consumer, Grid, Item, Producer
+from mmwire.transport.images import encoded_image
 from PIL import Image
 from rich import box
 from rich.console import Console
@@ -83,7 +77,7 @@ def _trace_cell(way: str, requests: list[list[bytes]], ranks: int, device: str) 
         affinity = OwnerAffinity()
         for i, images in enumerate(requests):
             headers = [encoded_image(data) for data in images]
-            patches = [spec.spec_for(h.width, h.height).plan.grid.patches for h in headers if h]
+            patches = [spec(h.width, h.height).plan.grid.patches for h in headers if h]
             # with the cache, a resent image goes back to the rank that holds its output
             preferred = affinity.preferred(images) if reuse else None
             owners = owners_of(assign_owners(patches, ranks, preferred=preferred), len(images))

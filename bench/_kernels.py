@@ -24,13 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from mmwire.kernels import preprocess_packed
-from mmwire.materialize import (
-    ModelSpec,
-    ProcessorConfig,
-    QwenVLConfig,
-    preprocess_images,
-    spec_for,
-)
+from mmwire.materialize import KimiConfig, ModelSpec, QwenVLConfig, preprocess_images, spec_for
 from mmwire.transport import PreprocessSpec
 from PIL import Image
 from rich.console import Console
@@ -223,7 +217,7 @@ def _measure(
     d2d: float,
 ) -> dict[str, Any]:
     """One (batch, dtype) row: the ways, the e2e uploads, the floor and exactness."""
-    specs = [cfg.spec_for(im.shape[1], im.shape[0]) for im in images]
+    specs = [cfg(im.shape[1], im.shape[0]) for im in images]
     shapes = [(im.shape[0], im.shape[1], im.shape[2]) for im in images]
     flat = np.concatenate([im.reshape(-1) for im in images])
     registered = flat.copy()
@@ -343,9 +337,9 @@ def run_kernels(
         raise SystemExit("mmwire-bench kernels needs a CUDA device")
     d2d = _d2d_bytes_per_s()
     cases = {
-        "4x1536x1024": (_photos([(1536, 1024)] * 4), ProcessorConfig()),
-        "4x1536x1024 resized": (_photos([(1536, 1024)] * 4), ProcessorConfig(in_patch_limit=6144)),
-        "8 mixed sizes": (_photos(_MIXED), ProcessorConfig()),
+        "4x1536x1024": (_photos([(1536, 1024)] * 4), KimiConfig()),
+        "4x1536x1024 resized": (_photos([(1536, 1024)] * 4), KimiConfig(in_patch_limit=6144)),
+        "8 mixed sizes": (_photos(_MIXED), KimiConfig()),
         "Qwen2.5-VL 8 mixed": (_photos(_MIXED), spec_for("qwen2.5-vl")),
         "Qwen3-VL 8 mixed": (_photos(_MIXED), spec_for("qwen3-vl")),
     }

@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from mmwire.materialize import ProcessorConfig, assign_owners, preprocess_images
-from mmwire.transport import Grid, Item, Producer, image_size
+from mmwire.materialize import KimiConfig, assign_owners, preprocess_images
+from mmwire.transport import Grid, Item, Producer
+from mmwire.transport.images import image_size
 from PIL import Image
 from rich.console import Console
 from rich.progress import Progress
@@ -86,7 +87,7 @@ def _run(
     ranks: Ranks,
     producer: Producer,
     n_ranks: int,
-    cfg: ProcessorConfig,
+    cfg: KimiConfig,
     seed: int,
 ) -> dict[str, Any]:
     rng = np.random.default_rng(seed)
@@ -101,7 +102,7 @@ def _run(
         if now < t_arrive:
             time.sleep(t_arrive - now)
         cpu0 = time.process_time()
-        specs = [cfg.spec_for(*image_size(im)) for im in images]
+        specs = [cfg(*image_size(im)) for im in images]
         owners = assign_owners([s.plan.grid.patches for s in specs], n_ranks)
         owner_of = {g.value: m.rank for m in owners for _, g in m.items()}
         owners_per_request.append({m.rank for m in owners if len(m)})
@@ -180,7 +181,7 @@ def run_pipeline(
 ) -> Path:
     """Eager, raw and encoded at ``rates`` x eager's capacity; TTFT-proxy percentiles."""
     console = console or Console()
-    cfg = ProcessorConfig()
+    cfg = KimiConfig()
     reqs = _requests(requests, seed=11)
     for request in reqs[:3]:  # warm the caches, then measure eager's service time
         preprocess_images(request, cfg)
@@ -266,7 +267,7 @@ def gpu_decode_accuracy(requests: list[list[bytes]], device: str) -> dict[str, A
     """How nvJPEG's pixels differ from Pillow's on the trace's distinct JPEGs, and what
     either takes to decode them all (Pillow on one thread, nvJPEG in one batched call)."""
     import torch
-    from mmwire.transport import to_pixels
+    from mmwire.transport.images import to_pixels
     from torchvision.io import ImageReadMode, decode_jpeg
 
     jpegs = list({data: None for r in requests for data in r if data[:2] == b"\xff\xd8"})

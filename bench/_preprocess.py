@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from mmwire.materialize import ProcessorConfig, plan_resize, preprocess_images
+from mmwire.materialize import KimiConfig, plan_resize, preprocess_images
 from PIL import Image
 from rich.console import Console
 from rich.table import Table
@@ -19,7 +19,7 @@ from ._report import percentile, write_run
 DATA = Path(__file__).resolve().parent / "data"
 
 
-def _reference_way(im: Image.Image, cfg: ProcessorConfig) -> torch.Tensor:
+def _reference_way(im: Image.Image, cfg: KimiConfig) -> torch.Tensor:
     """The plain processor: PIL resize, float64 numpy normalise, pad, reshape/transpose."""
     plan = plan_resize(im.width, im.height, in_patch_limit=cfg.in_patch_limit)
     if im.size != (plan.new_width, plan.new_height):
@@ -54,7 +54,7 @@ def run_preprocess(
     }
     rows: list[dict[str, Any]] = []
     for limit in (16384, 4096):
-        cfg = ProcessorConfig(in_patch_limit=limit)
+        cfg = KimiConfig(in_patch_limit=limit)
         for name, images in cases.items():
             for n_threads in (1, threads):
                 pool = ThreadPoolExecutor(n_threads)
@@ -62,14 +62,14 @@ def run_preprocess(
                 def ours(
                     images: list[Image.Image] = images,
                     pool: ThreadPoolExecutor = pool,
-                    cfg: ProcessorConfig = cfg,
+                    cfg: KimiConfig = cfg,
                 ) -> None:
                     list(pool.map(lambda im: preprocess_images([im], cfg), images))
 
                 def ref(
                     images: list[Image.Image] = images,
                     pool: ThreadPoolExecutor = pool,
-                    cfg: ProcessorConfig = cfg,
+                    cfg: KimiConfig = cfg,
                 ) -> None:
                     list(pool.map(lambda im: _reference_way(im, cfg), images))
 

@@ -28,7 +28,8 @@ import numpy as np
 import torch
 import torch.multiprocessing as tmp
 import zmq
-from mmwire.transport import BackendUnavailable, Grid, Item, Producer
+from mmwire.transport import Grid, Item, Producer
+from mmwire.transport.errors import BackendUnavailable
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table

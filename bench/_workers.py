@@ -73,7 +73,8 @@ def _mmwire_session(
 ) -> Iterator[tuple[zmq.Socket[Any], Any]]:
     """A mmwire rank's reporter and consumer (``Consumer`` ``options``); the producer going
     away ends the session, and both are closed however it ends."""
-    from mmwire.transport import Consumer, PeerGone
+    from mmwire.transport import Consumer
+    from mmwire.transport.errors import PeerGone
 
     ctx, out = _reporter(report)
     consumer = Consumer(rank, endpoint, handover=handover, **options)

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
-from mmwire.transport import BackendUnavailable
+from mmwire.transport.errors import BackendUnavailable
 
 from ._abi import KIMI_LAYOUT, KINDS, Kind, OutputLayout, compile_options
 

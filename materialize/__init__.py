@@ -1,19 +1,22 @@
 """mmwire.materialize: the owner side: resize plans, deferral, owner assignment, pixels -> features.
 
-General layout: ``_families`` (the model families and ``spec_for``), ``_plan`` (the resize
-plans: Kimi's NaViT plan, Qwen-VL's ``smart_resize``), ``_grids`` (grid/token arithmetic),
+A family's spec (``spec_for``) is one object, passed as ``preprocess=`` everywhere: to
+``Item``, ``preprocess_images``, ``should_defer`` and ``Materializer``; called with an
+image's size it gives that image's ``PreprocessSpec``. Errors are ``errors`` (the same
+namespace as ``mmwire.transport.errors``); Pillow's BICUBIC tables live in
+``mmwire.kernels.reference``, which the CUDA kernels share.
+
+General layout: ``_families`` (the model families and ``spec_for``), one module per family
+(``_kimi``: Kimi's NaViT plan and ``KimiConfig``; ``_qwen``: ``smart_resize`` and
+``QwenVLConfig``), ``_params`` (reading a checkpoint's processor parameters), ``_plan``
+(the plan a received spec must have), ``_grids`` (grid/token arithmetic),
 ``_placeholders``, ``_defer`` (the producer's gate), ``_assign`` (vision-DP owners),
 ``_pipeline`` (the exact CPU pixel pipeline), ``_decode`` (an encoded item's decode at the
-owner), ``_backend`` (CPU or CUDA), ``_cache`` (the owner's cache of outputs),
-``_materializer`` (the owner rank's entry point). Pillow's BICUBIC tables and the normalise
-table live in ``mmwire.kernels.reference``, which the CUDA kernels share; they are
-re-exported here.
+owner), ``_compute`` (CPU or CUDA), ``_cache`` (the owner's cache of outputs),
+``_materializer`` (the owner rank's entry point).
 """
 
-from mmwire.kernels.reference import Coefficients as Coefficients
-from mmwire.kernels.reference import bicubic_coefficients as bicubic_coefficients
-from mmwire.kernels.reference import pass_order as pass_order
-from mmwire.kernels.reference import resize_reference as resize_reference
+from mmwire.transport import errors as errors
 
 from ._assign import OwnerAffinity as OwnerAffinity
 from ._assign import assign_owners as assign_owners
@@ -22,48 +25,43 @@ from ._cache import CacheStatistics as CacheStatistics
 from ._defer import should_defer as should_defer
 from ._families import FAMILIES as FAMILIES
 from ._families import ModelSpec as ModelSpec
-from ._families import QwenVLConfig as QwenVLConfig
 from ._families import spec_for as spec_for
 from ._grids import patches_per_item as patches_per_item
 from ._grids import split_by_tokens as split_by_tokens
 from ._grids import tokens_per_item as tokens_per_item
+from ._kimi import K3_BACKGROUND as K3_BACKGROUND
+from ._kimi import KimiConfig as KimiConfig
+from ._kimi import plan_resize as plan_resize
 from ._materializer import MaterializedBatch as MaterializedBatch
 from ._materializer import Materializer as Materializer
 from ._materializer import PayloadSource as PayloadSource
-from ._pipeline import normalise_table as normalise_table
 from ._pipeline import preprocess_images as preprocess_images
 from ._placeholders import expand_placeholders as expand_placeholders
 from ._placeholders import k3_media_prompt as k3_media_prompt
-from ._plan import K3_BACKGROUND as K3_BACKGROUND
-from ._plan import ProcessorConfig as ProcessorConfig
-from ._plan import plan_resize as plan_resize
-from ._plan import plan_smart_resize as plan_smart_resize
-from ._plan import smart_resize as smart_resize
+from ._qwen import QwenVLConfig as QwenVLConfig
+from ._qwen import plan_smart_resize as plan_smart_resize
+from ._qwen import smart_resize as smart_resize
 
 __all__ = [
     "FAMILIES",
     "K3_BACKGROUND",
     "CacheStatistics",
-    "Coefficients",
+    "KimiConfig",
     "MaterializedBatch",
     "Materializer",
     "ModelSpec",
     "OwnerAffinity",
     "PayloadSource",
-    "ProcessorConfig",
     "QwenVLConfig",
     "assign_owners",
-    "bicubic_coefficients",
+    "errors",
     "expand_placeholders",
     "k3_media_prompt",
-    "normalise_table",
     "owners_of",
-    "pass_order",
     "patches_per_item",
     "plan_resize",
     "plan_smart_resize",
     "preprocess_images",
-    "resize_reference",
     "should_defer",
     "smart_resize",
     "spec_for",

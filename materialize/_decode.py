@@ -6,14 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from mmwire.transport import (
-    AlphaRule,
-    EncodedImage,
-    GridMismatch,
-    MaterializeError,
-    encoded_image,
-    pixels_into,
-)
+from mmwire.transport import EncodedImage
+from mmwire.transport.errors import GridMismatch, MaterializeError
+from mmwire.transport.images import AlphaRule, encoded_image, pixels_into
 
 __all__ = ["check_encoded", "decode_encoded"]
 

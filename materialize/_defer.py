@@ -8,11 +8,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from mmwire.transport import MaterializeError, encoded_image, keeps_alpha, pixel_shape
+from mmwire.transport.errors import MaterializeError
+from mmwire.transport.images import encoded_image, keeps_alpha, pixel_shape
 from PIL import Image
 
 from ._families import ModelSpec
-from ._plan import ProcessorConfig
+from ._kimi import KimiConfig
 
 __all__ = ["should_defer"]
 
@@ -50,7 +51,7 @@ def should_defer(
     *,
     transport: str,
     consumer_has_gpu: bool,
-    spec: ModelSpec | None = None,
+    preprocess: ModelSpec | None = None,
 ) -> bool:
     """Whether a request's preprocessing should be left to its owner rank.
 
@@ -58,11 +59,11 @@ def should_defer(
     list of encoded bytes, PIL images or uint8 tensors whose shipped bytes (encoded: as they
     are; else channels·W·H, 4 channels where the family keeps alpha for the owner) are each
     no larger than their processed fp32 bytes (rows · the family's row values · 4).
-    ``spec``: the family's (``spec_for``; default Kimi-K2.5). An image the family or the
+    ``preprocess``: the family's spec (``spec_for``; default Kimi-K2.5). An image the family or the
     decoder refuses (Qwen-VL: aspect ratio over 200; bytes that are no image) is not
     deferred: the eager path reports it.
     """
-    model: ModelSpec = spec or ProcessorConfig()
+    model: ModelSpec = preprocess or KimiConfig()
     if transport != "cpu" or not consumer_has_gpu or len(images) == 0:
         return False
     row_values = math.prod(model.row_shape)

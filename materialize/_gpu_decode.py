@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from mmwire.transport import ConfigurationError, EncodedImage, GridMismatch
+from mmwire.transport import EncodedImage
+from mmwire.transport.errors import ConfigurationError, GridMismatch
 from PIL import Image
 
 __all__ = ["decode_jpegs_on_gpu", "gpu_decodable", "require_gpu_decoder"]

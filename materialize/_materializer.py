@@ -11,25 +11,21 @@ from typing import Any, Literal, Protocol, final
 import numpy as np
 import torch
 from mmwire.transport import (
-    MAX_IMAGE_PIXELS,
-    ConfigurationError,
-    CpuRef,
     EncodedImage,
     FeatureEnvelope,
     GlobalIndex,
     GlobalTable,
-    GridMismatch,
     IndexMap,
-    InlineRef,
     LocalIndex,
     LocalSlots,
-    MaterializeError,
     PreprocessSpec,
-    to_pixels,
 )
+from mmwire.transport.errors import ConfigurationError, GridMismatch, MaterializeError
+from mmwire.transport.images import MAX_IMAGE_PIXELS, to_pixels
+from mmwire.transport.wire import CpuRef, InlineRef
 
-from ._backend import resolve_backend
 from ._cache import CacheKey, CacheStatistics, OutputCache, output_key
+from ._compute import resolve_compute
 from ._decode import check_encoded, decode_encoded
 from ._families import ModelSpec
 from ._gpu_decode import decode_jpegs_on_gpu, gpu_decodable, require_gpu_decoder
@@ -81,7 +77,7 @@ class Materializer:
         rank: this rank; ``materialize`` refuses an ``IndexMap`` of another rank.
         device: where the outputs go.
         dtype: output dtype of ``pixel_values`` (fp32, bf16, fp16).
-        backend: ``"cpu"`` computes with Pillow on the host (and uploads the result to a
+        compute: ``"cpu"`` computes with Pillow on the host (and uploads the result to a
             CUDA ``device``); ``"cuda"`` uploads each raw item's uint8 pixels once and runs
             the ``mmwire.kernels`` pipeline there; ``"auto"`` (default) is ``"cuda"`` for a
             CUDA device when CuPy is installed, else ``"cpu"``. Both give the same bytes.
@@ -92,7 +88,7 @@ class Materializer:
         decode_threads: threads that decode a batch's encoded items in parallel.
         max_decoded_bytes: ceiling on the pixels one batch's encoded items decode to (each
             header is read and checked against its envelope first; default 1 GiB).
-        models: the families this rank serves (``spec_for(...)`` results): on ``"cuda"``
+        preprocess: the families' specs this rank serves (``spec_for(...)``): on ``"cuda"``
             their kernels compile here, up front, rather than at their first batch
             (Kimi-K2.5's always do).
         gpu_decode: on ``"cuda"``, decode encoded RGB and grayscale JPEGs on the GPU
@@ -123,10 +119,10 @@ class Materializer:
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
         *,
-        backend: Literal["auto", "cpu", "cuda"] = "auto",
+        compute: Literal["auto", "cpu", "cuda"] = "auto",
         max_pixels: int = MAX_IMAGE_PIXELS,
         max_output_bytes: int = 4 << 30,
-        models: Sequence[ModelSpec] = (),
+        preprocess: Sequence[ModelSpec] = (),
         decode_threads: int = 4,
         max_decoded_bytes: int = 1 << 30,
         cache_bytes: int = 0,
@@ -141,17 +137,17 @@ class Materializer:
         self.max_decoded_bytes = max_decoded_bytes
         self._decode_pool: ThreadPoolExecutor | None = None
         self._cache = OutputCache(cache_bytes) if cache_bytes > 0 else None
-        self.backend: Literal["cpu", "cuda"] = resolve_backend(backend, self.device)
+        self.compute: Literal["cpu", "cuda"] = resolve_compute(compute, self.device)
         self.gpu_decode = gpu_decode
         if gpu_decode:
-            if self.backend != "cuda":
-                raise ConfigurationError("`gpu_decode=True` needs the cuda backend")
+            if self.compute != "cuda":
+                raise ConfigurationError('`gpu_decode=True` needs `compute="cuda"`')
             require_gpu_decoder()
-        if self.backend == "cuda":
+        if self.compute == "cuda":
             from mmwire.kernels import CupyLauncher, output_layout
 
             self._launcher = CupyLauncher(self.device)  # compiles the kernels once, up front
-            for spec in (m.spec_for(64, 64) for m in models):
+            for spec in (m(64, 64) for m in preprocess):
                 self._launcher.compile(spec.patch_size, output_layout(spec))
 
     def materialize(self, batch: PayloadSource, index_map: IndexMap) -> MaterializedBatch:
@@ -176,7 +172,7 @@ class Materializer:
                 f"({out_bytes} bytes of {self.dtype}), over `max_output_bytes` "
                 f"{self.max_output_bytes}"
             )
-        if self.backend == "cuda":
+        if self.compute == "cuda":
             return self._kept(walk, self._on_cuda(batch, index_map, walk, row_shape))
         pixel_values = torch.empty((walk.rows, *row_shape), dtype=self.dtype)
         decoded = self._decode_all(batch, walk.raw, pinned=False)

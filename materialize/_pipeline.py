@@ -23,24 +23,16 @@ import numpy as np
 import torch
 from mmwire.kernels.reference import normalisation_of
 from mmwire.kernels.reference import normalise_table as table_of
-from mmwire.transport import Background, Grid, MaterializeError, PreprocessSpec, to_pixels
+from mmwire.transport import Background, Grid, PreprocessSpec
+from mmwire.transport.errors import MaterializeError
+from mmwire.transport.images import to_pixels
 from PIL import Image
 
-from ._backend import resolve_backend
+from ._compute import resolve_compute
 from ._families import ModelSpec
-from ._plan import ProcessorConfig
+from ._kimi import KimiConfig
 
-__all__ = ["normalise_table", "preprocess_images"]
-
-
-def normalise_table(spec: PreprocessSpec, dtype: torch.dtype) -> torch.Tensor:
-    """``(3, 256)``: each byte of each channel normalised in ``dtype`` as ``spec``'s reference
-    does it (Kimi: ``(v/255 - mean[c]) / std[c]`` in float64, rounded once; Qwen-VL:
-    ``float32(v · rescale)``, then ``(x - mean[c]) / std[c]`` in float32).
-
-    Returns a fresh tensor; the pipeline itself reuses a cached one.
-    """
-    return table_of(normalisation_of(spec), dtype).clone()
+__all__ = ["preprocess_images"]
 
 
 def _resize(pixels: np.ndarray[Any, Any], new_w: int, new_h: int) -> np.ndarray[Any, Any]:
@@ -133,29 +125,29 @@ def produce(pixels: np.ndarray[Any, Any], spec: PreprocessSpec, out: torch.Tenso
 
 def preprocess_images(
     images: Sequence[Any],
-    config: ModelSpec | None = None,
+    preprocess: ModelSpec | None = None,
     *,
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
-    backend: Literal["auto", "cpu", "cuda"] = "auto",
+    compute: Literal["auto", "cpu", "cuda"] = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The whole pipeline for a list of images: ``(pixel_values, grid_thw)``.
 
-    ``config`` is the family's spec (``spec_for(family, params)``; default Kimi-K2.5).
+    ``preprocess`` is the family's spec (``spec_for(family, params)``; default Kimi-K2.5).
     ``pixel_values`` is ``(Σ patches, *row_shape)`` in ``dtype`` (``(3, p, p)`` rows for
     Kimi, ``(3·T·p·p,)`` for Qwen-VL, as their reference processors return), allocated
     once, images concatenated in order; ``grid_thw`` is ``(N, 3)`` int64. The producer's
     eager path and the owner's deferred path both run this, so they agree bit for bit. On a
-    CUDA ``device`` the ``"cuda"`` backend (``"auto"``'s choice when CuPy is installed)
+    CUDA ``device``, ``compute="cuda"`` (``"auto"``'s choice when CuPy is installed)
     uploads the uint8 pixels once and runs ``mmwire.kernels``; ``"cpu"`` computes here and
     uploads the result. Both give the same bytes. An image the family refuses (Qwen-VL: an
     aspect ratio over 200) raises ``MaterializeError``.
     """
 
-    cfg: ModelSpec = config or ProcessorConfig()
+    cfg: ModelSpec = preprocess or KimiConfig()
     pixels = [to_pixels(im, max_pixels=cfg.max_input_pixels, alpha=cfg.alpha) for im in images]
-    specs = [cfg.spec_for(px.shape[1], px.shape[0]) for px in pixels]
-    if pixels and resolve_backend(backend, torch.device(device)) == "cuda":
+    specs = [cfg(px.shape[1], px.shape[0]) for px in pixels]
+    if pixels and resolve_compute(compute, torch.device(device)) == "cuda":
         from mmwire.kernels import preprocess_packed
 
         flat = np.concatenate([px.reshape(-1) for px in pixels])

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from mmwire.transport import MaterializeError
+from mmwire.transport.errors import MaterializeError
 
 __all__ = ["expand_placeholders", "k3_media_prompt"]
 

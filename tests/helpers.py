@@ -6,22 +6,14 @@ import time
 from typing import Any
 
 import numpy as np
-from mmwire.materialize import ProcessorConfig
-from mmwire.transport import (
-    SCHEMA_VERSION,
-    CpuRef,
-    FeatureEnvelope,
-    GlobalIndex,
-    Grid,
-    InlineRef,
-    PreprocessSpec,
-    TensorSpec,
-)
+from mmwire.materialize import KimiConfig
+from mmwire.transport import FeatureEnvelope, GlobalIndex, Grid, PreprocessSpec, TensorSpec
+from mmwire.transport.wire import SCHEMA_VERSION, CpuRef, InlineRef
 
 
 def raw_spec(width: int, height: int) -> PreprocessSpec:
     """The default spec of a ``width x height`` image (the test images are never resized)."""
-    return ProcessorConfig().spec_for(width, height)
+    return KimiConfig()(width, height)
 
 
 def raw_envelope(
@@ -57,7 +49,8 @@ def encoded_envelope(
     index: int, data: bytes, *, frame: int, spec: PreprocessSpec | None = None
 ) -> FeatureEnvelope:
     """An envelope for an encoded image's bytes, inline (spec: the default one of its size)."""
-    from mmwire.transport import EncodedImage, encoded_image
+    from mmwire.transport import EncodedImage
+    from mmwire.transport.images import encoded_image
 
     header = encoded_image(data)
     assert isinstance(header, EncodedImage)

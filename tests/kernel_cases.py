@@ -11,30 +11,24 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 from mmwire.kernels import Launcher, pack, preprocess_packed
-from mmwire.materialize import (
-    K3_BACKGROUND,
-    ModelSpec,
-    ProcessorConfig,
-    QwenVLConfig,
-    preprocess_images,
-)
+from mmwire.materialize import K3_BACKGROUND, KimiConfig, ModelSpec, QwenVLConfig, preprocess_images
 from mmwire.transport import Background, PreprocessSpec
 
 Image = np.ndarray[Any, Any]
 Items = list[tuple[Image, ModelSpec]]
 
-SMALL = ProcessorConfig(in_patch_limit=48)
-K3_SMALL = ProcessorConfig(in_patch_limit=48, background=K3_BACKGROUND)
-WHITE_BG = ProcessorConfig(in_patch_limit=40, background=Background(pattern="white"))
-CLIP = ProcessorConfig(
+SMALL = KimiConfig(in_patch_limit=48)
+K3_SMALL = KimiConfig(in_patch_limit=48, background=K3_BACKGROUND)
+WHITE_BG = KimiConfig(in_patch_limit=40, background=Background(pattern="white"))
+CLIP = KimiConfig(
     in_patch_limit=64,
     image_mean=(0.48145466, 0.4578275, 0.40821073),
     image_std=(0.26862954, 0.26130258, 0.27577711),
 )
-WIDE = ProcessorConfig(in_patch_limit=128)  # 700 x 300 -> 244 x 104: 0.35 of a side
-UNRESIZED = ProcessorConfig(in_patch_limit=1024)  # up to 32 x 32 patches stay as they are
-ODD_PATCH = ProcessorConfig(patch_size=15, in_patch_limit=40)  # the kernel's pixel-by-pixel path
-ODD_PATCH_K3 = ProcessorConfig(patch_size=15, in_patch_limit=40, background=K3_BACKGROUND)
+WIDE = KimiConfig(in_patch_limit=128)  # 700 x 300 -> 244 x 104: 0.35 of a side
+UNRESIZED = KimiConfig(in_patch_limit=1024)  # up to 32 x 32 patches stay as they are
+ODD_PATCH = KimiConfig(patch_size=15, in_patch_limit=40)  # the kernel's pixel-by-pixel path
+ODD_PATCH_K3 = KimiConfig(patch_size=15, in_patch_limit=40, background=K3_BACKGROUND)
 # Qwen-VL (rows (3, 2, p, p) by 2 x 2 merge window): a small max_pixels forces downscales,
 # the min_pixels bound upscales the smallest, sides that are multiples of 28 (32) and within
 # the bounds stay as they are (plain tiles)
@@ -197,7 +191,7 @@ Packed = tuple[torch.Tensor, list[tuple[int, int, int]], list[PreprocessSpec]]
 def _packed(items: Items, device: str) -> Packed:
     """The images packed on ``device`` (source, shapes) and their specs."""
     src, shapes = pack([torch.from_numpy(im).to(device) for im, _ in items])
-    return src, shapes, [cfg.spec_for(im.shape[1], im.shape[0]) for im, cfg in items]
+    return src, shapes, [cfg(im.shape[1], im.shape[0]) for im, cfg in items]
 
 
 def kernels(

@@ -9,7 +9,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from mmwire.transport import Consumer, GlobalIndex, PeerGone
+from mmwire.transport import Consumer, GlobalIndex
+from mmwire.transport.errors import PeerGone
 
 
 def arena_rss_kib() -> int:
@@ -229,7 +230,7 @@ def hostile(endpoint: str, handover: str, seconds: float, seed: int, q: Any) -> 
 
     import msgspec
     import zmq
-    from mmwire.transport import CpuRef
+    from mmwire.transport.wire import CpuRef
 
     rnd = random.Random(seed)
     ctx = zmq.Context()
@@ -406,7 +407,7 @@ def mooncake_pull_on_go(
 ) -> None:
     """A remote rank that pulls one batch each time ``go`` says so, reporting its owned
     items' sha256, or the type of the ``MmwireError`` the batch raised."""
-    from mmwire.transport import MmwireError
+    from mmwire.transport.errors import MmwireError
 
     c = _pulling_consumer(rank, endpoint, server, client, 32 << 20)
     q.put(("joined", rank, os.getpid()))
@@ -471,7 +472,8 @@ def decode_costs(corpus: dict[str, bytes], q: Any) -> None:
     (a high-water mark: no one file's peak exceeds it)."""
     import resource
 
-    from mmwire.transport import MmwireError, to_pixels
+    from mmwire.transport.errors import MmwireError
+    from mmwire.transport.images import to_pixels
 
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     report = {}
@@ -501,7 +503,7 @@ def mooncake_checker(rank: int, endpoint: str, server: bytes, client: Any, q: An
     """A remote rank pulling through the engine until request ``stop``: checks every byte
     of every item it owns against ``hammer_payload`` and reports
     ``("checked", rank, exact, wrong, {error type: count})``."""
-    from mmwire.transport import MmwireError
+    from mmwire.transport.errors import MmwireError
 
     c = _pulling_consumer(rank, endpoint, server, client, 16 << 20)
     q.put(("joined", rank, os.getpid()))

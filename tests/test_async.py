@@ -20,14 +20,13 @@ from helpers import raw_spec, settle
 from mmwire.transport import (
     AsyncConsumer,
     AsyncProducer,
-    ConfigurationError,
     Consumer,
     ConsumerGroup,
     GlobalIndex,
     Item,
-    PeerGone,
     Producer,
 )
+from mmwire.transport.errors import ConfigurationError, PeerGone
 
 SPAWN = mp.get_context("spawn")
 

@@ -8,20 +8,18 @@ import os
 import msgspec
 import pytest
 from mmwire.transport import (
-    SCHEMA_VERSION,
-    BackendUnavailable,
     Consumer,
-    CudaIpcRef,
     FeatureEnvelope,
     GlobalIndex,
     Grid,
     Producer,
     TensorSpec,
     choose_backend,
-    encode_batch,
 )
 from mmwire.transport._device_pool import PoolOffer
 from mmwire.transport._handover import HandoverServer, Offer, receive_arena
+from mmwire.transport.errors import BackendUnavailable
+from mmwire.transport.wire import SCHEMA_VERSION, CudaIpcRef, encode_batch
 
 
 def _never() -> bool:

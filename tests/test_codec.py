@@ -8,25 +8,19 @@ import pytest
 import zmq
 from helpers import cpu_ref, processed_envelope, raw_envelope
 from mmwire.materialize import QwenVLConfig
-from mmwire.transport import (
-    SCHEMA_VERSION,
-    BatchDecoder,
+from mmwire.transport import GlobalIndex, Grid, TensorSpec
+from mmwire.transport.errors import (
     ByteLengthMismatch,
     DimensionError,
     FrameError,
-    GlobalIndex,
-    Grid,
     GridMismatch,
     LimitExceeded,
-    Limits,
     MalformedEnvelope,
     OffsetError,
     SchemaVersionError,
-    TensorSpec,
     UnknownDtype,
-    encode_batch,
-    numpy_view,
 )
+from mmwire.transport.wire import SCHEMA_VERSION, BatchDecoder, Limits, encode_batch, numpy_view
 
 GOLDEN = Path(__file__).parent / "data" / "golden_v1.bin"
 GOLDEN_V2 = Path(__file__).parent / "data" / "golden_v2.bin"

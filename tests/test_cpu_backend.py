@@ -15,24 +15,17 @@ import numpy as np
 import procs
 import pytest
 from helpers import raw_spec, settle
-from mmwire.transport import (
+from mmwire.transport import Consumer, CurveKeys, GlobalIndex, Grid, Item, Producer
+from mmwire.transport.errors import (
     ArenaFull,
     ClosedResourceError,
-    Consumer,
-    CpuRef,
-    CurveKeys,
     EnvelopeError,
-    GlobalIndex,
-    Grid,
-    InlineRef,
     InvalidRequest,
-    Item,
     NotAConsumer,
     OffsetError,
-    Producer,
     StaleReference,
-    encode_batch,
 )
+from mmwire.transport.wire import CpuRef, InlineRef, encode_batch
 
 SPAWN = mp.get_context("spawn")
 

@@ -18,33 +18,21 @@ import numpy as np
 import pytest
 import torch
 from conftest import photo_path
-from mmwire.materialize import (
-    FAMILIES,
-    K3_BACKGROUND,
-    Materializer,
-    ProcessorConfig,
-    preprocess_images,
-)
-from mmwire.transport import (
-    ENCODED_FORMATS,
+from mmwire.materialize import FAMILIES, K3_BACKGROUND, KimiConfig, Materializer, preprocess_images
+from mmwire.transport import Consumer, EncodedImage, IndexMap, Item, Producer
+from mmwire.transport.errors import (
     ConfigurationError,
-    Consumer,
-    EncodedImage,
     GridMismatch,
     ImageDecodeError,
-    IndexMap,
-    InlineRef,
     InvalidRequest,
-    Item,
     MaterializeError,
     MmwireError,
-    Producer,
-    encoded_image,
-    to_pixels,
 )
+from mmwire.transport.images import ENCODED_FORMATS, encoded_image, to_pixels
+from mmwire.transport.wire import InlineRef
 from PIL import Image
 
-K3 = ProcessorConfig(in_patch_limit=400, background=K3_BACKGROUND)
+K3 = KimiConfig(in_patch_limit=400, background=K3_BACKGROUND)
 QWEN = FAMILIES["qwen2.5-vl"]
 
 
@@ -285,10 +273,10 @@ def test_the_deferral_gate_counts_encoded_bytes_as_shipped() -> None:
 
     # a 4000x3000 photo under a tiny patch limit: its pixels (36 MB) are more than its
     # processed patches, its JPEG (about 1 MB) is not
-    tiny = ProcessorConfig(in_patch_limit=1024)  # about 2.4 MB of fp32 patches
+    tiny = KimiConfig(in_patch_limit=1024)  # about 2.4 MB of fp32 patches
     photo = _photo((4000, 3000))
     jpeg = _save(photo, "JPEG", quality=90)
-    gate = {"transport": "cpu", "consumer_has_gpu": True, "spec": tiny}
+    gate = {"transport": "cpu", "consumer_has_gpu": True, "preprocess": tiny}
     assert should_defer([jpeg], **gate)
     assert not should_defer([photo], **gate)
     assert not should_defer([np.asarray(photo).transpose(2, 0, 1).copy()], **gate)

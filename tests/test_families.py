@@ -19,8 +19,8 @@ import torch
 from conftest import photo_path
 from mmwire.materialize import (
     FAMILIES,
+    KimiConfig,
     Materializer,
-    ProcessorConfig,
     QwenVLConfig,
     assign_owners,
     expand_placeholders,
@@ -29,22 +29,16 @@ from mmwire.materialize import (
     smart_resize,
     spec_for,
 )
-from mmwire.transport import (
-    SCHEMA_VERSION,
+from mmwire.transport import FeatureEnvelope, GlobalIndex, Item, Producer, TensorSpec
+from mmwire.transport.errors import (
     ConfigurationError,
     DimensionError,
-    FeatureEnvelope,
-    GlobalIndex,
     GridMismatch,
-    InlineRef,
-    Item,
     MalformedEnvelope,
     MaterializeError,
-    Producer,
-    TensorSpec,
-    image_size,
-    to_pixels,
 )
+from mmwire.transport.images import image_size, to_pixels
+from mmwire.transport.wire import SCHEMA_VERSION, InlineRef
 from oracle import QWEN_PARAMS, Qwen2VLImageProcessorPil, qwen_reference
 from PIL import Image
 
@@ -155,7 +149,7 @@ def test_an_aspect_ratio_past_200_is_refused_as_transformers_refuses_it(
     with pytest.raises(MaterializeError, match="aspect ratio must be smaller than 200"):
         preprocess_images([image], spec_for("qwen2-vl"))
     assert not should_defer(
-        [image], transport="cpu", consumer_has_gpu=True, spec=FAMILIES["qwen2-vl"]
+        [image], transport="cpu", consumer_has_gpu=True, preprocess=FAMILIES["qwen2-vl"]
     )
     with pytest.raises(MaterializeError):
         smart_resize(h, w, factor=28, min_pixels=1, max_pixels=1 << 30)
@@ -192,7 +186,7 @@ def test_spec_for_reads_a_checkpoint_config_as_transformers_does() -> None:
     assert spec_for("qwen2.5-vl", loaded) == FAMILIES["qwen2.5-vl"]
     k3 = spec_for("kimi-k3", {"merge_kernel_size": [2, 2], "image_mean": [0.5, 0.5, 0.5]})
     assert k3 == FAMILIES["kimi-k3"] and k3.in_patch_limit == 65536
-    assert spec_for("kimi-k2.5") == ProcessorConfig()
+    assert spec_for("kimi-k2.5") == KimiConfig()
 
 
 @pytest.mark.parametrize(
@@ -226,9 +220,9 @@ def test_alpha_rules_differ_by_family(rng: np.random.Generator) -> None:
     qwen = FAMILIES["qwen2.5-vl"]
     # the gate counts what would ship: 3 channels for Qwen's RGBA, 4 for Kimi's
     big_rgba = Image.new("RGBA", (56 * 20, 56 * 20))
-    kimi = ProcessorConfig(in_patch_limit=400)
-    assert should_defer([big_rgba], transport="cpu", consumer_has_gpu=True, spec=qwen)
-    assert not should_defer([big_rgba], transport="cpu", consumer_has_gpu=True, spec=kimi)
+    kimi = KimiConfig(in_patch_limit=400)
+    assert should_defer([big_rgba], transport="cpu", consumer_has_gpu=True, preprocess=qwen)
+    assert not should_defer([big_rgba], transport="cpu", consumer_has_gpu=True, preprocess=kimi)
 
 
 def _qwen_envelope(img: np.ndarray[Any, Any], spec: Any, **changes: Any) -> FeatureEnvelope:
@@ -262,7 +256,7 @@ def test_envelopes_refuse_what_a_qwen_owner_cannot_run() -> None:
     with pytest.raises(MalformedEnvelope, match="belong to the qwen2_vl processor"):
         msgspec.structs.replace(spec, processor="kimi_vl")
     with pytest.raises(GridMismatch, match="without padding"):
-        msgspec.structs.replace(spec, plan=ProcessorConfig()(90, 61).plan)
+        msgspec.structs.replace(spec, plan=KimiConfig()(90, 61).plan)
 
 
 def test_owner_refuses_a_qwen_plan_other_than_its_limits_give(rng: np.random.Generator) -> None:
@@ -287,7 +281,7 @@ def test_one_batch_cannot_mix_kimi_and_qwen_rows(rng: np.random.Generator) -> No
     from test_materialize import _Frames
 
     img = rng.integers(0, 256, (60, 90, 3), dtype=np.uint8)
-    kimi = ProcessorConfig()(90, 60)
+    kimi = KimiConfig()(90, 60)
     qwen = FAMILIES["qwen2.5-vl"](90, 60)
     envs = [
         _qwen_envelope(img, qwen),

@@ -19,14 +19,9 @@ from helpers import cpu_ref, encoded_envelope, processed_envelope, raw_envelope
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mmwire.materialize import FAMILIES, Materializer
-from mmwire.transport import (
-    BatchDecoder,
-    Consumer,
-    EnvelopeError,
-    IndexMap,
-    MmwireError,
-    encode_batch,
-)
+from mmwire.transport import Consumer, IndexMap
+from mmwire.transport.errors import EnvelopeError, MmwireError
+from mmwire.transport.wire import BatchDecoder, encode_batch
 from PIL import Image
 
 EXAMPLES = int(os.environ.get("MMWIRE_FUZZ_EXAMPLES", "3000"))

@@ -35,17 +35,17 @@ def test_registered_arena_uploads_byte_exact() -> None:
 
 
 def test_materializer_on_cuda_returns_views_of_the_device_batch() -> None:
-    from mmwire.materialize import Materializer, ProcessorConfig, preprocess_images
+    from mmwire.materialize import KimiConfig, Materializer, preprocess_images
     from mmwire.transport import IndexMap, LocalIndex
 
     rng = np.random.default_rng(5)
     images = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in ((60, 90), (41, 33))]
-    cfg = ProcessorConfig()
+    cfg = KimiConfig()
     p = Producer(arena_size=16 << 20)
     c = Consumer(0, p.endpoint, handover=p.handover_path)
     try:
         p.wait_for_consumers([0])
-        p.publish("m", [Item(data=im, consumers=(0,), preprocess=cfg.spec_for) for im in images])
+        p.publish("m", [Item(data=im, consumers=(0,), preprocess=cfg) for im in images])
         with c.recv(10) as b:
             m = IndexMap(0, [GlobalIndex(1), GlobalIndex(0)])
             out = Materializer(0, device="cuda").materialize(b, m)
@@ -118,7 +118,7 @@ def test_cuda_mma_kernel_takes_a_source_off_a_word(rng: np.random.Generator) -> 
     src, shapes = pack([torch.from_numpy(im).cuda() for im, _ in items])
     off = torch.empty(src.numel() + 1, dtype=torch.uint8, device="cuda")[1:]
     off.copy_(src)
-    specs = [cfg.spec_for(im.shape[1], im.shape[0]) for im, cfg in items]
+    specs = [cfg(im.shape[1], im.shape[0]) for im, cfg in items]
     for source in (src, off):
         got_pv, _ = preprocess_packed(source, shapes, specs, torch.bfloat16)
         assert differing(got_pv, want_pv) == 0
@@ -147,17 +147,17 @@ def test_cuda_tensor_cores_equal_the_general_kernel_in_both_pass_orders(
     from kernel_cases import differing
     from mmwire.kernels import FIELDS, CupyLauncher, layout_of, pack, preprocess_packed
     from mmwire.kernels._descriptors import ImageJob
-    from mmwire.materialize import ProcessorConfig
+    from mmwire.materialize import KimiConfig
 
     class NoTensorCores(CupyLauncher):
         @property
         def tensor_cores(self) -> bool:
             return False
 
-    cfg = ProcessorConfig(in_patch_limit=1024)
+    cfg = KimiConfig(in_patch_limit=1024)
     shapes = ((2400, 800, 3), (1800, 650, 1), (1000, 1500, 3), (777, 513, 3))
     images = [rng.integers(0, 256, s, dtype=np.uint8) for s in shapes]
-    specs = [cfg.spec_for(im.shape[1], im.shape[0]) for im in images]
+    specs = [cfg(im.shape[1], im.shape[0]) for im in images]
     jobs = tuple(
         ImageJob(
             w,
@@ -193,7 +193,7 @@ def test_cuda_launcher_opts_in_when_the_kernels_own_arrays_pass_48_kib(
     from kernel_cases import differing
     from mmwire.kernels import CupyLauncher, pack, preprocess_packed
     from mmwire.kernels._descriptors import Kind
-    from mmwire.materialize import ProcessorConfig
+    from mmwire.materialize import KimiConfig
 
     class GeneralAtTheLimit(CupyLauncher):
         tensor_cores = False  # type: ignore[assignment]
@@ -213,9 +213,9 @@ def test_cuda_launcher_opts_in_when_the_kernels_own_arrays_pass_48_kib(
             more = 48 * 1024 if kind == "general" else smem  # the kernel uses what it needs
             super().fused(bits, channels, kind, grid, block, more, *rest, **kw)
 
-    cfg = ProcessorConfig(in_patch_limit=1024)
+    cfg = KimiConfig(in_patch_limit=1024)
     images = [rng.integers(0, 256, s, dtype=np.uint8) for s in ((700, 900, 3), (333, 517, 3))]
-    specs = [cfg.spec_for(im.shape[1], im.shape[0]) for im in images]
+    specs = [cfg(im.shape[1], im.shape[0]) for im in images]
     src, packed = pack([torch.from_numpy(im).cuda() for im in images])
     want, _ = preprocess_packed(src, packed, specs, launcher=CupyLauncher(src.device))
     got, _ = preprocess_packed(src, packed, specs, launcher=GeneralAtTheLimit(src.device))
@@ -232,12 +232,12 @@ def test_cuda_overlapping_launches_end_before_the_streams_next_work(
     # kernel's wait, so this guards the order, not that line
     from kernel_cases import differing
     from mmwire.kernels import pack, preprocess_packed
-    from mmwire.materialize import ProcessorConfig, preprocess_images
+    from mmwire.materialize import KimiConfig, preprocess_images
 
-    cfg = ProcessorConfig()
+    cfg = KimiConfig()
     shapes = ((3000, 4000, 3), (2000, 3000, 3), (480, 640, 3), (512, 512, 1))
     images = [rng.integers(0, 256, s, dtype=np.uint8) for s in shapes]
-    specs = [cfg.spec_for(im.shape[1], im.shape[0]) for im in images]
+    specs = [cfg(im.shape[1], im.shape[0]) for im in images]
     src, packed = pack([torch.from_numpy(im).cuda() for im in images])
     for dtype in (torch.bfloat16, torch.float32):
         want, _ = preprocess_images(images, cfg, dtype=dtype)
@@ -254,10 +254,10 @@ def test_cuda_overlapping_launches_end_before_the_streams_next_work(
 def test_cuda_seed_case_4x1536x1024(rng: np.random.Generator, resizing: bool, dtype: str) -> None:
     from conftest import photo_path
     from kernel_cases import differing, kernels, reference
-    from mmwire.materialize import ProcessorConfig
+    from mmwire.materialize import KimiConfig
     from PIL import Image
 
-    cfg = ProcessorConfig(in_patch_limit=6144) if resizing else ProcessorConfig()
+    cfg = KimiConfig(in_patch_limit=6144) if resizing else KimiConfig()
     # np.array, not np.asarray: a read-only array makes torch.from_numpy warn (an error here)
     photo = np.array(Image.open(photo_path("astronaut.png")).convert("RGB").resize((1536, 1024)))
     images = [photo] + [rng.integers(0, 256, (1024, 1536, 3), dtype=np.uint8) for _ in range(3)]
@@ -291,10 +291,10 @@ def test_cuda_kernels_on_large_downscales_and_mixed_orders(rng: np.random.Genera
     # pass 1
     from kernel_cases import differing, kernels, reference
     from mmwire.kernels import FIELDS, ImageJob, layout_of
-    from mmwire.materialize import ProcessorConfig
+    from mmwire.materialize import KimiConfig
 
-    default, small = ProcessorConfig(), ProcessorConfig(in_patch_limit=1024)
-    big = ProcessorConfig(in_patch_limit=2048)
+    default, small = KimiConfig(), KimiConfig(in_patch_limit=1024)
+    big = KimiConfig(in_patch_limit=2048)
     shapes = (
         ((3000, 4000, 3), default),
         ((3000, 4000, 3), small),
@@ -306,7 +306,7 @@ def test_cuda_kernels_on_large_downscales_and_mixed_orders(rng: np.random.Genera
     items = [(rng.integers(0, 256, s, dtype=np.uint8), cfg) for s, cfg in shapes]
     jobs = []
     for im, cfg in items:
-        plan = cfg.spec_for(im.shape[1], im.shape[0]).plan
+        plan = cfg(im.shape[1], im.shape[0]).plan
         h, w, c = im.shape
         jobs.append(
             ImageJob(w, h, c, plan.new_width, plan.new_height, None, plan.grid.w, plan.grid.patches)
@@ -357,7 +357,7 @@ def test_cuda_kernels_take_cupy_arrays_and_run_on_the_current_stream(
     from mmwire.kernels import preprocess
 
     images = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in ((150, 97), (61, 222))]
-    specs = [SMALL.spec_for(im.shape[1], im.shape[0]) for im in images]
+    specs = [SMALL(im.shape[1], im.shape[0]) for im in images]
     side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
     with torch.cuda.stream(side):
         arrays = [cupy.asarray(im) for im in images]
@@ -369,11 +369,11 @@ def test_cuda_kernels_take_cupy_arrays_and_run_on_the_current_stream(
 
 
 def test_preprocess_images_on_cuda_uses_the_kernels(rng: np.random.Generator) -> None:
-    from mmwire.materialize import K3_BACKGROUND, ProcessorConfig, preprocess_images
+    from mmwire.materialize import K3_BACKGROUND, KimiConfig, preprocess_images
 
-    cfg = ProcessorConfig(in_patch_limit=100, background=K3_BACKGROUND)
+    cfg = KimiConfig(in_patch_limit=100, background=K3_BACKGROUND)
     images = [rng.integers(0, 256, (h, w, 4), dtype=np.uint8) for h, w in ((210, 130), (99, 301))]
-    got = preprocess_images(images, cfg, device="cuda", dtype=torch.float16, backend="cuda")
+    got = preprocess_images(images, cfg, device="cuda", dtype=torch.float16, compute="cuda")
     want = preprocess_images(images, cfg, dtype=torch.float16)
     assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
 
@@ -381,10 +381,10 @@ def test_preprocess_images_on_cuda_uses_the_kernels(rng: np.random.Generator) ->
 def test_cuda_materializer_equals_the_cpu_one_over_a_registered_arena(
     rng: np.random.Generator,
 ) -> None:
-    from mmwire.materialize import K3_BACKGROUND, Materializer, ProcessorConfig
+    from mmwire.materialize import K3_BACKGROUND, KimiConfig, Materializer
     from mmwire.transport import IndexMap, LocalIndex
 
-    cfg = ProcessorConfig(in_patch_limit=200, background=K3_BACKGROUND)
+    cfg = KimiConfig(in_patch_limit=200, background=K3_BACKGROUND)
     images: list[Any] = [
         rng.integers(0, 256, (h, w, c), dtype=np.uint8)
         for h, w, c in ((300, 211, 3), (97, 350, 4), (64, 64, 1), (33, 17, 3))
@@ -396,7 +396,7 @@ def test_cuda_materializer_equals_the_cpu_one_over_a_registered_arena(
     try:
         p.wait_for_consumers([0])
         c.register_with_cuda()
-        items = [Item(data=im, consumers=(0,), preprocess=cfg.spec_for) for im in images]
+        items = [Item(data=im, consumers=(0,), preprocess=cfg) for im in images]
         items.append(Item(data=processed, consumers=(0,), kind="processed", grid=Grid((1, 2, 4))))
         items.append(Item(data=emb, consumers=(0,), kind="embedding", grid=Grid((1, 5))))
         p.publish("m", items)
@@ -420,11 +420,12 @@ def test_cuda_materializer_errors_name_the_item_and_keep_serving(
     rng: np.random.Generator,
 ) -> None:
     import msgspec
-    from mmwire.materialize import Materializer, ProcessorConfig
-    from mmwire.transport import GridMismatch, IndexMap, LocalIndex, MaterializeError
+    from mmwire.materialize import KimiConfig, Materializer
+    from mmwire.transport import IndexMap, LocalIndex
+    from mmwire.transport.errors import GridMismatch, MaterializeError
     from test_materialize import _Frames, _raw_batch
 
-    cfg = ProcessorConfig()
+    cfg = KimiConfig()
     images = [
         rng.integers(0, 256, (40, 60, 3), dtype=np.uint8),
         rng.integers(0, 256, (33, 20, 3), dtype=np.uint8),
@@ -435,12 +436,12 @@ def test_cuda_materializer_errors_name_the_item_and_keep_serving(
     bad = _Frames(
         [good.envelopes[GlobalIndex(0)], forged], [images[0].tobytes(), images[1].tobytes()]
     )
-    mat = Materializer(0, device="cuda", backend="cuda")
+    mat = Materializer(0, device="cuda", compute="cuda")
     m = IndexMap(0, [GlobalIndex(1), GlobalIndex(0)])
     with pytest.raises(GridMismatch, match=r"item 1 \(local slot 0\).*declared \[1, 9, 9\]"):
         mat.materialize(bad, m)
     with pytest.raises(MaterializeError, match="over the pixel ceiling 100"):
-        Materializer(0, device="cuda", backend="cuda", max_pixels=100).materialize(good, m)
+        Materializer(0, device="cuda", compute="cuda", max_pixels=100).materialize(good, m)
     out = mat.materialize(good, m)
     want = Materializer(0).materialize(good, m)
     assert torch.equal(out.features[LocalIndex(1)].cpu(), want.features[LocalIndex(1)])
@@ -479,7 +480,7 @@ def test_cuda_qwen_photos_equal_transformers(family: str) -> None:
     for dtype in (torch.float32, torch.bfloat16):
         want = oracle.qwen_reference(images, params, dtype)
         got = preprocess_images(
-            images, spec_for(family, params), device="cuda", dtype=dtype, backend="cuda"
+            images, spec_for(family, params), device="cuda", dtype=dtype, compute="cuda"
         )
         assert torch.equal(got[1].cpu(), want[1])
         assert torch.equal(got[0].cpu().view(torch.int16), want[0].view(torch.int16))
@@ -504,7 +505,7 @@ def test_cuda_materializer_serves_qwen_items_over_a_registered_arena(
         p.publish("q", [Item(data=im, consumers=(0,), preprocess=qwen) for im in images])
         with c.recv(10) as b:
             m = IndexMap(0, [GlobalIndex(i) for i in (2, 0, 3, 1)])
-            cuda = Materializer(0, device="cuda", dtype=torch.bfloat16, models=[qwen])
+            cuda = Materializer(0, device="cuda", dtype=torch.bfloat16, preprocess=[qwen])
             got = cuda.materialize(b, m)
             want = Materializer(0, dtype=torch.bfloat16).materialize(b, m)
         assert (
@@ -522,11 +523,11 @@ def test_cuda_materializer_serves_qwen_items_over_a_registered_arena(
 def test_cuda_materializer_decodes_encoded_items_into_pinned_memory() -> None:
     # encoded JPEG/PNG/WebP items, decoded on the owner's threads into one pinned buffer and
     # uploaded from it, beside a raw item from the registered arena: the CPU path's bytes
-    from mmwire.materialize import K3_BACKGROUND, Materializer, ProcessorConfig
+    from mmwire.materialize import K3_BACKGROUND, KimiConfig, Materializer
     from mmwire.transport import IndexMap
     from test_encoded import SAMPLES
 
-    cfg = ProcessorConfig(in_patch_limit=300, background=K3_BACKGROUND)
+    cfg = KimiConfig(in_patch_limit=300, background=K3_BACKGROUND)
     data: list[Any] = [SAMPLES[n]() for n in ("jpeg-420", "png-rgba", "webp-lossy", "gif")]
     data.append(np.zeros((40, 70, 3), np.uint8))  # raw
     p = Producer(arena_size=64 << 20)

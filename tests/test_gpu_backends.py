@@ -13,18 +13,9 @@ from typing import Any
 import procs
 import pytest
 import torch
-from mmwire.transport import (
-    Consumer,
-    CpuRef,
-    CudaIpcRef,
-    CurveKeys,
-    FabricRef,
-    GlobalIndex,
-    Grid,
-    Item,
-    PeerGone,
-    Producer,
-)
+from mmwire.transport import Consumer, CurveKeys, GlobalIndex, Grid, Item, Producer
+from mmwire.transport.errors import PeerGone
+from mmwire.transport.wire import CpuRef, CudaIpcRef, FabricRef
 from test_cpu_backend import SPAWN, _Inbox
 
 pytestmark = [

@@ -24,28 +24,23 @@ import numpy as np
 import procs
 import pytest
 from helpers import raw_spec, settle
-from mmwire.transport import (
+from mmwire.transport import Consumer, CurveKeys, GlobalIndex, Item, LostRequest, Producer
+from mmwire.transport._control import ENCODER, Release
+from mmwire.transport._handover import receive_arena, socket_address
+from mmwire.transport.errors import (
     ArenaFull,
     ConfigurationError,
-    Consumer,
-    CpuRef,
-    CurveKeys,
     EnvelopeError,
     FrameError,
-    GlobalIndex,
     HandoverRefused,
     ImageDecodeError,
     InvalidRequest,
-    Item,
-    LostRequest,
     MaterializeError,
     MmwireError,
     PeerGone,
-    Producer,
     WaitTimeout,
 )
-from mmwire.transport._control import ENCODER, Release
-from mmwire.transport._handover import receive_arena, socket_address
+from mmwire.transport.wire import CpuRef
 from PIL import Image
 from test_cpu_backend import SPAWN, _Inbox
 
@@ -714,7 +709,7 @@ def test_two_honest_ranks_get_every_byte_while_a_hostile_peer_attacks() -> None:
 def _tree_frames(pixels: np.ndarray, change: Any) -> list[bytes]:  # type: ignore[type-arg]
     """Frames of one raw inline item whose header tree ``change`` edits before encoding."""
     from helpers import raw_envelope
-    from mmwire.transport import encode_batch
+    from mmwire.transport.wire import encode_batch
 
     frames = encode_batch([raw_envelope(0, pixels)], [pixels.tobytes()])
     tree = msgspec.msgpack.decode(frames[0])
@@ -736,7 +731,7 @@ def _owner_output(frames: list[bytes], **materializer: Any) -> Any:
 
 def test_an_owner_refuses_a_plan_the_image_would_not_get() -> None:
     """A 1x1 image whose plan asks for a 6300x6300 canvas: refused before any work."""
-    from mmwire.transport import GridMismatch
+    from mmwire.transport.errors import GridMismatch
 
     def blow_up(env: dict) -> None:  # type: ignore[type-arg]
         plan = env["preprocess"]["plan"]
@@ -754,7 +749,7 @@ def test_an_owner_refuses_a_plan_the_image_would_not_get() -> None:
 
 
 def test_an_owner_refuses_inconsistent_tokens() -> None:
-    from mmwire.transport import GridMismatch
+    from mmwire.transport.errors import GridMismatch
 
     def tokens(env: dict) -> None:  # type: ignore[type-arg]
         env["preprocess"]["plan"]["tokens"] = 999

@@ -15,22 +15,14 @@ import pytest
 import xxhash
 from collide import xxh3_twins
 from helpers import settle
-from mmwire.materialize import Materializer, ProcessorConfig, preprocess_images
-from mmwire.transport import (
-    Consumer,
-    GlobalIndex,
-    ImageDecodeError,
-    IndexMap,
-    Item,
-    MaterializeError,
-    MmwireError,
-    Producer,
-    to_pixels,
-)
+from mmwire.materialize import KimiConfig, Materializer, preprocess_images
+from mmwire.transport import Consumer, GlobalIndex, IndexMap, Item, Producer
+from mmwire.transport.errors import ImageDecodeError, MaterializeError, MmwireError
+from mmwire.transport.images import to_pixels
 from PIL import Image
 from test_cpu_backend import SPAWN
 
-KIMI = ProcessorConfig(in_patch_limit=400)
+KIMI = KimiConfig(in_patch_limit=400)
 
 
 def _twin_pixels(shape: tuple[int, int, int]) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:

@@ -49,8 +49,8 @@ from mmwire.kernels._descriptors import (
     MIXED_PLAIN_TILE,
     MIXED_TAIL,
 )
-from mmwire.kernels.reference import Normalisation
-from mmwire.materialize import ProcessorConfig, bicubic_coefficients, resize_reference
+from mmwire.kernels.reference import Normalisation, bicubic_coefficients, resize_reference
+from mmwire.materialize import KimiConfig
 from PIL import Image
 
 
@@ -760,10 +760,10 @@ def test_host_mma_kernel_stages_rows_of_up_to_twice_a_warps_granules(
     # raw windows whose rows take 33 to 64 16-byte granules: copy_rows gives each thread
     # two predicated copies a row, a warp a row (one row a step at one warp, eight at 8)
     items = [
-        (rng.integers(0, 256, (150, 700, 3), dtype=np.uint8), ProcessorConfig(in_patch_limit=128)),
-        (rng.integers(0, 256, (240, 600, 3), dtype=np.uint8), ProcessorConfig(in_patch_limit=160)),
+        (rng.integers(0, 256, (150, 700, 3), dtype=np.uint8), KimiConfig(in_patch_limit=128)),
+        (rng.integers(0, 256, (240, 600, 3), dtype=np.uint8), KimiConfig(in_patch_limit=160)),
     ]
-    specs = [cfg.spec_for(im.shape[1], im.shape[0]) for im, cfg in items]
+    specs = [cfg(im.shape[1], im.shape[0]) for im, cfg in items]
     shapes = tuple(im.shape for im, _ in items)
     plan = _ops._plan(
         shapes, tuple(specs), None, None, _ops.TILE_SMEM_BYTES, True, _ops.MMA_SMEM_BYTES
@@ -792,7 +792,7 @@ def test_host_mma_kernel_takes_a_source_off_a_word(
     src, shapes = pack([torch.from_numpy(im) for im, _ in items])
     off = torch.empty(src.numel() + 1, dtype=torch.uint8)[1:]
     off.copy_(src)
-    specs = [cfg.spec_for(im.shape[1], im.shape[0]) for im, cfg in items]
+    specs = [cfg(im.shape[1], im.shape[0]) for im, cfg in items]
     plan = _ops._plan(
         tuple(shapes),
         tuple(specs),
@@ -913,16 +913,16 @@ def test_kernel_entry_points_reject_bad_input(host: HostLauncher) -> None:
     with pytest.raises(ValueError, match="1/3/4"):
         pack([torch.zeros((4, 4, 2), dtype=torch.uint8)])
     src, shapes = pack([img])
-    spec = SMALL.spec_for(31, 20)  # a plan for another size
+    spec = SMALL(31, 20)  # a plan for another size
     with pytest.raises(ValueError, match="plan says"):
         preprocess_packed(src, shapes, [spec], launcher=host)
     with pytest.raises(ValueError, match="float32, bfloat16 or float16"):
-        preprocess_packed(src, shapes, [SMALL.spec_for(30, 20)], torch.int32, launcher=host)
+        preprocess_packed(src, shapes, [SMALL(30, 20)], torch.int32, launcher=host)
     with pytest.raises(ValueError, match="bytes"):
-        preprocess_packed(src[:100], shapes, [SMALL.spec_for(30, 20)], launcher=host)
+        preprocess_packed(src[:100], shapes, [SMALL(30, 20)], launcher=host)
     # the launcher still serves after the refusals
-    pv, _ = preprocess_packed(src, shapes, [SMALL.spec_for(30, 20)], launcher=host)
-    assert pv.shape[0] == SMALL.spec_for(30, 20).plan.grid.patches
+    pv, _ = preprocess_packed(src, shapes, [SMALL(30, 20)], launcher=host)
+    assert pv.shape[0] == SMALL(30, 20).plan.grid.patches
 
 
 def test_host_build_is_warning_free(tmp_path: Path) -> None:
@@ -933,7 +933,7 @@ def test_patches_land_at_the_given_rows_and_overlaps_are_refused(
     host: HostLauncher, rng: np.random.Generator
 ) -> None:
     images = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in ((150, 97), (61, 40))]
-    specs = [SMALL.spec_for(im.shape[1], im.shape[0]) for im in images]
+    specs = [SMALL(im.shape[1], im.shape[0]) for im in images]
     n0, n1 = (s.plan.grid.patches for s in specs)
     src, shapes = pack([torch.from_numpy(im) for im in images])
     out = torch.full((n0 + n1 + 5, 3, 14, 14), 7.0)

@@ -9,38 +9,32 @@ import numpy as np
 import pytest
 import torch
 from conftest import photo_path
+from mmwire.kernels.reference import bicubic_coefficients, pass_order, resize_reference
 from mmwire.materialize import (
     K3_BACKGROUND,
+    KimiConfig,
     Materializer,
     OwnerAffinity,
-    ProcessorConfig,
     assign_owners,
-    bicubic_coefficients,
     expand_placeholders,
-    pass_order,
     patches_per_item,
     plan_resize,
     preprocess_images,
-    resize_reference,
     should_defer,
     split_by_tokens,
     tokens_per_item,
 )
 from mmwire.transport import (
-    SCHEMA_VERSION,
     FeatureEnvelope,
     GlobalIndex,
     GlobalTable,
     Grid,
-    GridMismatch,
     IndexMap,
-    InlineRef,
     LocalIndex,
-    MaterializeError,
     TensorSpec,
-    numpy_view,
-    torch_view,
 )
+from mmwire.transport.errors import GridMismatch, MaterializeError
+from mmwire.transport.wire import SCHEMA_VERSION, InlineRef, numpy_view, torch_view
 from PIL import Image
 
 # ---------------------------------------------------------------- plan, grids, owners
@@ -101,10 +95,10 @@ def test_placeholders() -> None:
 def test_should_defer_cases() -> None:
     small = torch.zeros((3, 32, 32), dtype=torch.uint8)
     big = torch.zeros((3, 1024, 1024), dtype=torch.uint8)
-    k3 = ProcessorConfig(in_patch_limit=65536)
-    assert should_defer([small], transport="cpu", consumer_has_gpu=True, spec=k3)
-    tiny = ProcessorConfig(in_patch_limit=1)
-    assert not should_defer([big], transport="cpu", consumer_has_gpu=True, spec=tiny)
+    k3 = KimiConfig(in_patch_limit=65536)
+    assert should_defer([small], transport="cpu", consumer_has_gpu=True, preprocess=k3)
+    tiny = KimiConfig(in_patch_limit=1)
+    assert not should_defer([big], transport="cpu", consumer_has_gpu=True, preprocess=tiny)
     assert not should_defer([small.float()], transport="cpu", consumer_has_gpu=True)
     assert not should_defer([], transport="cpu", consumer_has_gpu=True)
     assert not should_defer([small], transport="cuda_ipc", consumer_has_gpu=True)
@@ -286,7 +280,7 @@ def test_reference_resize_on_a_photo() -> None:
 
 
 def _obvious(
-    images: list[Any], cfg: ProcessorConfig, dtype: torch.dtype
+    images: list[Any], cfg: KimiConfig, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The most obvious code: PIL resize -> composite -> np.pad -> float64 -> cast -> patchify."""
     outs, grids = [], []
@@ -334,7 +328,7 @@ def _big_photo(name: str, size: tuple[int, int]) -> Image.Image:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_pipeline_equals_obvious_reference_on_resized_photos(dtype: torch.dtype) -> None:
-    cfg = ProcessorConfig(in_patch_limit=2048)  # forces real downscales of big photos
+    cfg = KimiConfig(in_patch_limit=2048)  # forces real downscales of big photos
     images = [
         _big_photo("coffee.png", (3000, 2000)),
         _big_photo("chelsea.png", (1203, 801)),
@@ -350,14 +344,14 @@ def test_pipeline_equals_obvious_reference_on_resized_photos(dtype: torch.dtype)
 def test_pipeline_downscale_factors_from_just_below_one_to_below_a_quarter() -> None:
     photo = _big_photo("astronaut.png", (1400, 1400))
     for limit in (9800, 6000, 2500, 600, 300):  # scale ~0.99 ... ~0.17
-        cfg = ProcessorConfig(in_patch_limit=limit)
+        cfg = KimiConfig(in_patch_limit=limit)
         pv, _ = preprocess_images([photo], cfg)
         ref, _ = _obvious([photo], cfg, torch.float32)
         assert torch.equal(pv, ref), limit
 
 
 def test_pipeline_modes_rgba_chessboard_l_p_and_tiny(rng: np.random.Generator) -> None:
-    cfg = ProcessorConfig(in_patch_limit=200, background=K3_BACKGROUND)
+    cfg = KimiConfig(in_patch_limit=200, background=K3_BACKGROUND)
     rgba = rng.integers(0, 256, (301, 203, 4), dtype=np.uint8)
     rgba[:50, :, 3] = 0
     rgba[50:90, :, 3] = 255
@@ -376,7 +370,7 @@ def test_pipeline_modes_rgba_chessboard_l_p_and_tiny(rng: np.random.Generator) -
         pv, grids = preprocess_images(images, cfg, dtype=dtype)
         ref, ref_grids = _obvious(images, cfg, dtype)
         assert torch.equal(grids, ref_grids) and torch.equal(pv, ref)
-    no_bg = ProcessorConfig(in_patch_limit=200)
+    no_bg = KimiConfig(in_patch_limit=200)
     assert torch.equal(
         preprocess_images(images[:1], no_bg)[0], _obvious(images[:1], no_bg, torch.float32)[0]
     )
@@ -397,7 +391,7 @@ def test_pipeline_rejects_bad_inputs() -> None:
     with pytest.raises(MaterializeError, match="mode `I;16` is not supported"):
         preprocess_images([Image.new("I;16", (8, 8))])
     with pytest.raises(MaterializeError, match="over the pixel ceiling 100"):
-        preprocess_images([Image.new("RGB", (20, 20))], ProcessorConfig(max_pixels=100))
+        preprocess_images([Image.new("RGB", (20, 20))], KimiConfig(max_pixels=100))
 
 
 # ---------------------------------------------------------------- the materializer
@@ -419,12 +413,10 @@ class _Frames:
         return torch_view(env.tensor, self._payloads[index.value])
 
 
-def _raw_batch(
-    images: list[np.ndarray], cfg: ProcessorConfig, owners: list[tuple[int, ...]]
-) -> _Frames:  # type: ignore[type-arg]
+def _raw_batch(images: list[np.ndarray], cfg: KimiConfig, owners: list[tuple[int, ...]]) -> _Frames:  # type: ignore[type-arg]
     envs = []
     for i, img in enumerate(images):
-        spec = cfg.spec_for(img.shape[1], img.shape[0])
+        spec = cfg(img.shape[1], img.shape[0])
         envs.append(
             FeatureEnvelope(
                 version=SCHEMA_VERSION,
@@ -444,10 +436,10 @@ def _raw_batch(
 
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_owner_side_union_equals_whole_batch(ranks: int, rng: np.random.Generator) -> None:
-    cfg = ProcessorConfig(in_patch_limit=300)
+    cfg = KimiConfig(in_patch_limit=300)
     sizes = [(90, 130), (200, 61), (33, 47), (150, 151), (64, 300)]
     images = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for h, w in sizes]
-    plans = [cfg.spec_for(img.shape[1], img.shape[0]) for img in images]
+    plans = [cfg(img.shape[1], img.shape[0]) for img in images]
     maps = assign_owners([s.plan.grid.patches for s in plans], ranks)
     assert any(list(m.globals) != sorted(m.globals) for m in maps), "want a permuted assignment"
     owners = [next((m.rank,) for m in maps if m.owns(GlobalIndex(i))) for i in range(len(images))]
@@ -465,7 +457,7 @@ def test_owner_side_union_equals_whole_batch(ranks: int, rng: np.random.Generato
 
 
 def test_mixed_raw_processed_embedding_batch_keeps_order(rng: np.random.Generator) -> None:
-    cfg = ProcessorConfig()
+    cfg = KimiConfig()
     img = rng.integers(0, 256, (50, 70, 3), dtype=np.uint8)
     raw = _raw_batch([img], cfg, [(0,)])
     processed, _ = preprocess_images([rng.integers(0, 256, (30, 30, 3), dtype=np.uint8)])
@@ -508,7 +500,7 @@ def test_mixed_raw_processed_embedding_batch_keeps_order(rng: np.random.Generato
 
 
 def test_materializer_errors_name_the_item_and_keep_serving(rng: np.random.Generator) -> None:
-    cfg = ProcessorConfig()
+    cfg = KimiConfig()
     images = [
         rng.integers(0, 256, (40, 60, 3), dtype=np.uint8),
         rng.integers(0, 256, (33, 20, 3), dtype=np.uint8),
@@ -536,9 +528,9 @@ def test_materializer_errors_name_the_item_and_keep_serving(rng: np.random.Gener
 
 
 def test_materializer_backend_is_chosen_and_refused_clearly() -> None:
-    assert Materializer(0).backend == "cpu"
-    assert Materializer(0, backend="cpu").backend == "cpu"
+    assert Materializer(0).compute == "cpu"
+    assert Materializer(0, compute="cpu").compute == "cpu"
     with pytest.raises(ValueError, match="needs a CUDA device"):
-        Materializer(0, backend="cuda")
+        Materializer(0, compute="cuda")
     with pytest.raises(ValueError, match="'auto', 'cpu' or 'cuda'"):
-        Materializer(0, backend="tpu")  # type: ignore[arg-type]
+        Materializer(0, compute="tpu")  # type: ignore[arg-type]

@@ -20,22 +20,23 @@ import pytest
 from helpers import settle
 from mmwire.transport import (
     AsyncConsumer,
-    ConfigurationError,
     Consumer,
-    CpuRef,
     CurveKeys,
     GlobalIndex,
     Grid,
-    HandoverRefused,
     Item,
     MooncakeTransfer,
-    OffsetError,
-    PeerGone,
     Producer,
     ProducerAddress,
-    StaleReference,
-    encode_batch,
 )
+from mmwire.transport.errors import (
+    ConfigurationError,
+    HandoverRefused,
+    OffsetError,
+    PeerGone,
+    StaleReference,
+)
+from mmwire.transport.wire import CpuRef, encode_batch
 from test_cpu_backend import SPAWN
 
 try:

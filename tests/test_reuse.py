@@ -14,22 +14,13 @@ import pytest
 import torch
 from conftest import photo_path
 from helpers import settle
-from mmwire.materialize import FAMILIES, Materializer, ProcessorConfig, preprocess_images
-from mmwire.transport import (
-    ConfigurationError,
-    Consumer,
-    CpuRef,
-    GlobalIndex,
-    Grid,
-    IndexMap,
-    InvalidRequest,
-    Item,
-    Producer,
-    encode_batch,
-)
+from mmwire.materialize import FAMILIES, KimiConfig, Materializer, preprocess_images
+from mmwire.transport import Consumer, GlobalIndex, Grid, IndexMap, Item, Producer
+from mmwire.transport.errors import ConfigurationError, InvalidRequest
+from mmwire.transport.wire import CpuRef, encode_batch
 from PIL import Image
 
-KIMI = ProcessorConfig(in_patch_limit=400)
+KIMI = KimiConfig(in_patch_limit=400)
 QWEN = FAMILIES["qwen2.5-vl"]
 
 

@@ -7,18 +7,18 @@ import multiprocessing as mp
 import numpy as np
 import procs
 import torch
-from mmwire.materialize import ProcessorConfig, assign_owners, owners_of, preprocess_images
+from mmwire.materialize import KimiConfig, assign_owners, owners_of, preprocess_images
 from mmwire.transport import Item, Producer
 from PIL import Image
 
 
 def test_deferred_items_materialised_by_their_owners_equal_eager(rng: np.random.Generator) -> None:
-    cfg = ProcessorConfig(in_patch_limit=400)
+    cfg = KimiConfig(in_patch_limit=400)
     sizes = [(310, 200), (90, 411), (256, 257), (45, 33)]
     images = [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for w, h in sizes]
     rgba = rng.integers(0, 256, (120, 77, 4), dtype=np.uint8)
     images.append(Image.fromarray(rgba, "RGBA"))
-    specs = [cfg.spec_for(im.width, im.height) for im in images]
+    specs = [cfg(im.width, im.height) for im in images]
     maps = assign_owners([s.plan.grid.patches for s in specs], 2)
     owners = owners_of(maps, len(images))
     ctx = mp.get_context("spawn")
@@ -37,7 +37,7 @@ def test_deferred_items_materialised_by_their_owners_equal_eager(rng: np.random.
         p.wait_for_consumers([0, 1], 60)
         p.publish(
             "req",
-            [Item(data=im, consumers=o, preprocess=cfg.spec_for) for im, o in zip(images, owners)],
+            [Item(data=im, consumers=o, preprocess=cfg) for im, o in zip(images, owners)],
         )
         results = {}
         for _ in range(2):

@@ -35,11 +35,11 @@ import zmq.asyncio
 
 from ._address import ProducerAddress
 from ._consumer import ReceivedBatch
-from ._errors import ClosedResourceError, ConfigurationError, WaitTimeout
 from ._group import ConsumerGroup
 from ._items import Item
 from ._producer import Producer, ProducerStatistics
 from ._schema import FeatureEnvelope
+from .errors import ClosedResourceError, ConfigurationError, WaitTimeout
 
 __all__ = ["AsyncConsumer", "AsyncProducer"]
 

@@ -81,7 +81,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._errors import ArenaFull, ClosedResourceError, ConfigurationError
+from .errors import ArenaFull, ClosedResourceError, ConfigurationError
 
 __all__ = ["ARENA_HEADER", "LEASE_HEADER", "Arena", "ArenaStatistics", "Lease"]
 

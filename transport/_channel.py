@@ -17,7 +17,7 @@ from typing import Any
 import zmq
 
 from ._control import NOTICE, CurveKeys
-from ._errors import ConfigurationError
+from .errors import ConfigurationError
 
 __all__ = ["Channel", "check_security"]
 

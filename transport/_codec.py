@@ -18,13 +18,6 @@ from typing import Any, final
 
 import msgspec
 
-from ._errors import (
-    EnvelopeError,
-    FrameError,
-    LimitExceeded,
-    MalformedEnvelope,
-    SchemaVersionError,
-)
 from ._index import GlobalIndex, GlobalTable
 from ._pixels import MAX_IMAGE_PIXELS
 from ._schema import (
@@ -34,6 +27,13 @@ from ._schema import (
     InlineRef,
     _Header,
     _VersionProbe,
+)
+from .errors import (
+    EnvelopeError,
+    FrameError,
+    LimitExceeded,
+    MalformedEnvelope,
+    SchemaVersionError,
 )
 
 __all__ = ["BatchDecoder", "DecodedBatch", "Limits", "encode_batch"]

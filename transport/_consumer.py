@@ -57,7 +57,15 @@ import zmq
 from ._arena import ARENA_HEADER, LEASE_HEADER, LEASE_MAGIC, read_lease_header
 from ._codec import BatchDecoder, Limits
 from ._control import ENCODER, NOTICE, CurveKeys, Done, Join, Release
-from ._errors import (
+from ._gpu import ConsumerDevice
+from ._handover import check_rank, receive_arena
+from ._index import GlobalIndex, GlobalTable
+from ._mooncake import TRANSFER_OFFER, MooncakeTransfer, PulledItems, Puller, decode_offer
+from ._pinning import pin_host, unpin_host
+from ._schema import CpuRef, CudaIpcRef, FabricRef, FeatureEnvelope, InlineRef
+from ._views import _TORCH as _TORCH_DTYPES
+from ._views import numpy_view, torch_view
+from .errors import (
     BackendUnavailable,
     ClosedResourceError,
     ConfigurationError,
@@ -69,14 +77,6 @@ from ._errors import (
     StaleReference,
     WaitTimeout,
 )
-from ._gpu import ConsumerDevice
-from ._handover import check_rank, receive_arena
-from ._index import GlobalIndex, GlobalTable
-from ._mooncake import TRANSFER_OFFER, MooncakeTransfer, PulledItems, Puller, decode_offer
-from ._pinning import pin_host, unpin_host
-from ._schema import CpuRef, CudaIpcRef, FabricRef, FeatureEnvelope, InlineRef
-from ._views import _TORCH as _TORCH_DTYPES
-from ._views import numpy_view, torch_view
 
 __all__ = ["Consumer", "ConsumerStatistics", "ReceivedBatch"]
 

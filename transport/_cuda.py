@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ._errors import BackendUnavailable
+from .errors import BackendUnavailable
 
 __all__ = ["DeviceBytes", "call", "context_for", "driver", "tensor_at"]
 

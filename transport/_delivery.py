@@ -25,9 +25,9 @@ import zmq
 from ._arena import Arena, Lease
 from ._codec import encode_batch
 from ._control import Member
-from ._errors import PeerGone
 from ._membership import Roster
 from ._schema import CpuRef, FeatureEnvelope, InlineRef
+from .errors import PeerGone
 
 __all__ = ["Delivery", "Sending", "Staged", "raise_if_lost"]
 

@@ -50,7 +50,7 @@ import numpy as np
 import torch
 
 from ._cuda import call, context_for, driver, tensor_at
-from ._errors import BackendUnavailable, OffsetError
+from .errors import BackendUnavailable, OffsetError
 
 __all__ = ["DevicePool", "PoolFull", "PoolMapping", "PoolOffer", "fabric_permitted"]
 

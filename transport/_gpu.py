@@ -19,9 +19,9 @@ from typing import Literal
 import torch
 
 from ._device_pool import DevicePool, PoolFull, PoolMapping, PoolOffer
-from ._errors import ArenaFull, BackendUnavailable, StaleReference
 from ._schema import DTYPES, CudaIpcRef, FabricRef, FeatureEnvelope
 from ._select import BackendChoice, choose_backend
+from .errors import ArenaFull, BackendUnavailable, StaleReference
 
 __all__ = ["ConsumerDevice", "DevicePoolStatistics", "ProducerDevice"]
 

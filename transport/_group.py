@@ -18,7 +18,7 @@ from typing import Any, final
 
 from ._address import ProducerAddress
 from ._consumer import Consumer, ConsumerStatistics, ReceivedBatch
-from ._errors import ClosedResourceError, ConfigurationError, PeerGone, WaitTimeout
+from .errors import ClosedResourceError, ConfigurationError, PeerGone, WaitTimeout
 
 __all__ = ["ConsumerGroup"]
 

@@ -57,7 +57,7 @@ from typing import Annotated, NamedTuple
 import msgspec
 
 from ._device_pool import PoolOffer
-from ._errors import ConfigurationError, HandoverRefused, PeerGone
+from .errors import ConfigurationError, HandoverRefused, PeerGone
 
 __all__ = ["MAX_RANKS", "Handover", "HandoverServer", "check_rank", "receive_arena"]
 

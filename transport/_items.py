@@ -21,7 +21,6 @@ import torch
 
 from ._codec import BatchDecoder, encode_batch
 from ._digest import digest_of, envelope_alpha
-from ._errors import InvalidRequest, MalformedEnvelope, MmwireError
 from ._handover import MAX_RANKS
 from ._index import GlobalIndex
 from ._pixels import (
@@ -48,6 +47,7 @@ from ._schema import (
     PreprocessSpec,
     TensorSpec,
 )
+from .errors import InvalidRequest, MalformedEnvelope, MmwireError
 
 __all__ = [
     "MAX_REQUEST_ID",
@@ -80,7 +80,7 @@ class Item:
             items, encoded bytes (JPEG, PNG, WebP, GIF, BMP: ``ENCODED_FORMATS``) travel as
             they are, as an ``encoded`` envelope the owner decodes; the rest become uint8
             ``(H, W, C)`` pixels by the same rules as ``preprocess_images``
-            (``mmwire.transport.to_pixels``), decoded straight into the arena. A CUDA
+            (``mmwire.transport.images.to_pixels``), decoded straight into the arena. A CUDA
             tensor goes into the producer's device pool when it has one (else it is copied
             to the host once).
         consumers: the rank(s) that own the item and will read its payload.

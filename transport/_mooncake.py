@@ -40,7 +40,8 @@ import msgspec
 
 from ._arena import ARENA_HEADER, LEASE_HEADER, LEASE_MAGIC, Arena, read_lease_header
 from ._digest import digest_of, envelope_alpha
-from ._errors import (
+from ._schema import CpuRef, FeatureEnvelope
+from .errors import (
     ArenaFull,
     BackendUnavailable,
     ConfigurationError,
@@ -49,7 +50,6 @@ from ._errors import (
     PeerGone,
     StaleReference,
 )
-from ._schema import CpuRef, FeatureEnvelope
 
 __all__ = ["MooncakeTransfer", "PulledItems", "Puller", "TransferOffer", "TransferSource"]
 

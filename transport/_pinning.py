@@ -12,7 +12,7 @@ import contextlib
 
 import torch
 
-from ._errors import BackendUnavailable
+from .errors import BackendUnavailable
 
 __all__ = ["pin_host", "unpin_host"]
 

@@ -50,8 +50,8 @@ import torch
 from PIL import Image
 
 from ._arrow import decode_single_block, pixel_view
-from ._errors import ImageDecodeError, MaterializeError
 from ._schema import ENCODED_FORMATS, EncodedImage
+from .errors import ImageDecodeError, MaterializeError
 
 __all__ = [
     "MAX_IMAGE_PIXELS",

@@ -42,7 +42,6 @@ from ._channel import Channel, check_security
 from ._control import CurveKeys
 from ._control_loop import ControlLoop
 from ._delivery import Delivery
-from ._errors import ClosedResourceError, ConfigurationError, WaitTimeout
 from ._gpu import DevicePoolMode, ProducerDevice
 from ._handover import HandoverServer, Hello, Offer, Refusal
 from ._items import Item, check_request
@@ -53,6 +52,7 @@ from ._producer_statistics import ProducerStatistics
 from ._publish import Published, Publisher
 from ._schema import FeatureEnvelope
 from ._select import BackendChoice
+from .errors import ClosedResourceError, ConfigurationError, WaitTimeout
 
 __all__ = ["LostRequest", "Producer", "ProducerStatistics"]
 
@@ -327,7 +327,7 @@ class Producer:
         * ``InvalidRequest``: no items, a bad ``request_id``, an item of an unsupported
           type or dtype, a bad consumer list, a ``preprocess`` callable that raised;
         * ``MaterializeError`` (``ImageDecodeError``): a raw item's image that cannot be
-          taken (``mmwire.transport.to_pixels``'s contract; a body that fails to decode
+          taken (``mmwire.transport.images.to_pixels``'s contract; a body that fails to decode
           after its header was read frees the lease);
         * ``EnvelopeError``: envelopes the consumers would refuse (a grid, spec or limit);
         * ``ArenaFull``: no room within ``full_timeout`` (at once if it can never fit);

@@ -29,7 +29,6 @@ from ._arena import ARENA_HEADER, LEASE_HEADER, Arena, Lease
 from ._codec import Limits, encode_batch
 from ._control import Member
 from ._delivery import Delivery, Staged, raise_if_lost
-from ._errors import ArenaFull, BackendUnavailable, PeerGone
 from ._gpu import ProducerDevice
 from ._items import Item, PreparedItem, envelope, located, payload_digest, prepare, validate
 from ._light import heavy, plainly_large
@@ -38,6 +37,7 @@ from ._mooncake import TransferSource
 from ._pinning import pin_host, unpin_host
 from ._schema import CpuRef, CudaIpcRef, FabricRef, FeatureEnvelope, InlineRef
 from ._staging import Holds, stage_for_pullers
+from .errors import ArenaFull, BackendUnavailable, PeerGone
 
 __all__ = ["Published", "Publisher"]
 

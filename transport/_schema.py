@@ -16,7 +16,8 @@ from typing import Literal
 
 import msgspec
 
-from ._errors import (
+from ._index import GlobalIndex
+from .errors import (
     ByteLengthMismatch,
     DimensionError,
     GridMismatch,
@@ -25,7 +26,6 @@ from ._errors import (
     SchemaVersionError,
     UnknownDtype,
 )
-from ._index import GlobalIndex
 
 __all__ = [
     "DTYPES",
@@ -363,7 +363,7 @@ class PreprocessSpec(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def alpha(self) -> Literal["keep", "white"]:
-        """How the producer treats transparency (``mmwire.transport.to_pixels``): ``keep``
+        """How the producer treats transparency (``mmwire.transport.images.to_pixels``): ``keep``
         it for the owner (Kimi), or composite it over ``white`` first (Qwen-VL)."""
         return "white" if self.processor == "qwen2_vl" else "keep"
 

@@ -26,7 +26,9 @@ from mmwire.materialize import (
     expand_placeholders,
     owners_of,
 )
-from mmwire.transport import AsyncProducer, Item, MmwireError, encoded_image
+from mmwire.transport import AsyncProducer, Item
+from mmwire.transport.errors import MmwireError
+from mmwire.transport.images import encoded_image
 from protocol import PLACEHOLDER_ID, BadRequest, Report, parse_chat, tokenize
 
 ATTEMPTS = 3  # one publish, and two more if owners die before answering
@@ -104,7 +106,7 @@ class Frontend:
             )
         sizes = [(h.width, h.height) for h in headers if h is not None]
         tokens = [self.spec.tokens(w, h) for w, h in sizes]
-        patches = [self.spec.spec_for(w, h).plan.grid.patches for w, h in sizes]
+        patches = [self.spec(w, h).plan.grid.patches for w, h in sizes]
         prompt = expand_placeholders(tokenize(texts, len(images)), PLACEHOLDER_ID, tokens)
         request_id = f"chatcmpl-{next(self._ids)}"
         reports: list[Report] = []

@@ -10,7 +10,8 @@ import msgspec
 import torch
 import zmq
 from mmwire.materialize import Materializer
-from mmwire.transport import Consumer, IndexMap, MmwireError, PeerGone, ProducerAddress
+from mmwire.transport import Consumer, IndexMap, ProducerAddress
+from mmwire.transport.errors import MmwireError, PeerGone
 from protocol import ItemReport, Report
 
 
