@@ -337,8 +337,8 @@ def test_decoding_into_the_arena_equals_pillows_own_conversion(name: str) -> Non
         assert np.array_equal(got, want.reshape(got.shape)), (name, alpha)
 
 
-def test_gpu_decode_is_refused_without_the_cuda_backend() -> None:
-    with pytest.raises(ConfigurationError, match="cuda backend"):
+def test_gpu_decode_is_refused_without_cuda_compute() -> None:
+    with pytest.raises(ConfigurationError, match='compute="cuda"'):
         Materializer(0, gpu_decode=True)
 
 
