@@ -48,11 +48,13 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, final
+from typing import TYPE_CHECKING, Any, final
 
 import numpy as np
-import torch
 import zmq
+
+if TYPE_CHECKING:
+    import torch
 
 from ._arena import ARENA_HEADER, LEASE_HEADER, LEASE_MAGIC, read_lease_header
 from ._codec import BatchDecoder, Limits
@@ -63,8 +65,7 @@ from ._index import GlobalIndex, GlobalTable
 from ._mooncake import TRANSFER_OFFER, MooncakeTransfer, PulledItems, Puller, decode_offer
 from ._pinning import pin_host, unpin_host
 from ._schema import CpuRef, CudaIpcRef, FabricRef, FeatureEnvelope, InlineRef
-from ._views import _TORCH as _TORCH_DTYPES
-from ._views import numpy_view, torch_view
+from ._views import numpy_view, torch_dtype, torch_view
 from .errors import (
     BackendUnavailable,
     ClosedResourceError,
@@ -173,7 +174,11 @@ class Consumer:
         self._mapping: _Mapping | None = None
         self._handover_conn: socket.socket | None = None
         self._cut_off: str | None = None
-        dev = None if device is None else torch.device(device)
+        dev = None
+        if device is not None:
+            import torch
+
+            dev = torch.device(device)
         self._device = ConsumerDevice(None, None, dev)
         member = b""
         if handover is not None:
@@ -361,7 +366,7 @@ class Consumer:
             waited.add(env.index.value)
         self._opened += 1
         self._opened_bytes += env.tensor.nbytes
-        dtype = _TORCH_DTYPES[env.tensor.dtype]
+        dtype = torch_dtype(env.tensor.dtype)
         return mapping.tensor(ref.offset, ref.length, dtype, env.tensor.shape)
 
     def _acknowledge(self, envs: list[FeatureEnvelope]) -> None:

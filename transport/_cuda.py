@@ -9,9 +9,10 @@ call and the driver's error name.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 from .errors import BackendUnavailable
 
@@ -54,6 +55,8 @@ def call(fn: str, *args: Any) -> Any:
 
 def context_for(device: torch.device) -> int:
     """Make ``device``'s primary context (torch's) current on this thread; its ordinal."""
+    import torch
+
     index = device.index if device.index is not None else torch.cuda.current_device()
     torch.cuda.init()  # type: ignore[no-untyped-call]
     torch.empty(0, device=torch.device("cuda", index))  # torch creates the primary context
@@ -88,5 +91,7 @@ def tensor_at(
     shape: tuple[int, ...],
 ) -> torch.Tensor:
     """A zero-copy torch tensor over device memory owned by ``owner``."""
+    import torch
+
     raw = torch.as_tensor(DeviceBytes(ptr, nbytes, owner), device=device)
     return raw.view(dtype).reshape(shape)

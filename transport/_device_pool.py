@@ -43,11 +43,13 @@ import os
 import uuid
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 from ._cuda import call, context_for, driver, tensor_at
 from .errors import BackendUnavailable, OffsetError
@@ -164,6 +166,8 @@ class DevicePool:
         slots: int = 1024,
         max_ranks: int = 64,
     ) -> None:
+        import torch
+
         drv = driver()
         self.index = context_for(device)
         self.device = torch.device("cuda", self.index)
@@ -275,6 +279,8 @@ class DevicePool:
 
         Raises ``PoolFull`` when there is no room even after one reclaim.
         """
+        import torch
+
         if any(not 0 <= r < self.max_ranks for r in consumers):
             raise ValueError(f"consumer ranks must be in 0..{self.max_ranks - 1}")
         src = tensor.contiguous()
@@ -359,6 +365,8 @@ class PoolMapping:
     """
 
     def __init__(self, offer: PoolOffer, fd: int | None, device: torch.device) -> None:
+        import torch
+
         drv = driver()
         self.offer = offer
         self.index = context_for(device)
@@ -417,12 +425,16 @@ class PoolMapping:
 
     def wait_ready(self, slot: int, generation: int) -> None:
         """Make the current stream wait until the producer's copy for ``generation`` landed."""
+        import torch
+
         geq = int(driver().CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ)
         stream = torch.cuda.current_stream(self.device).cuda_stream
         call("cuStreamWaitValue32", stream, self.base + 4 * slot, generation, geq)
 
     def acknowledge(self, slot: int, rank: int, generation: int) -> None:
         """After this stream's reads so far, tell the producer the slot is free for ``rank``."""
+        import torch
+
         stream = torch.cuda.current_stream(self.device).cuda_stream
         address = self.base + 4 * (self.offer.slots + slot * self.offer.max_ranks + rank)
         call("cuStreamWriteValue32", stream, address, generation, 0)

@@ -14,13 +14,15 @@ import time
 import warnings
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 from ._device_pool import DevicePool, PoolFull, PoolMapping, PoolOffer
 from ._schema import DTYPES, CudaIpcRef, FabricRef, FeatureEnvelope
 from ._select import BackendChoice, choose_backend
+from ._torch import is_cuda_tensor
 from .errors import ArenaFull, BackendUnavailable, StaleReference
 
 __all__ = ["ConsumerDevice", "DevicePoolStatistics", "ProducerDevice"]
@@ -97,7 +99,7 @@ class ProducerDevice:
         """Put a CUDA tensor in the pool: ``(ref, shape, dtype name)``; ``None`` means: send
         it through the host instead."""
         pool = self.pool
-        if pool is None or not isinstance(data, torch.Tensor) or not data.is_cuda:
+        if pool is None or not is_cuda_tensor(data):
             return None
         dtype = str(data.dtype).removeprefix("torch.")
         if dtype not in DTYPES:
@@ -180,6 +182,8 @@ class ConsumerDevice:
         self.mapping: PoolMapping | None = None
 
     def _mapped(self, where: str) -> PoolMapping:
+        import torch
+
         if self.mapping is None:
             if self.offer is None:
                 raise BackendUnavailable(

@@ -14,10 +14,12 @@ import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar, get_args
+from typing import TYPE_CHECKING, Any, TypeVar, get_args
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 from ._codec import BatchDecoder, encode_batch
 from ._digest import digest_of, envelope_alpha
@@ -47,6 +49,7 @@ from ._schema import (
     PreprocessSpec,
     TensorSpec,
 )
+from ._torch import is_cuda_tensor, is_tensor
 from .errors import InvalidRequest, MalformedEnvelope, MmwireError
 
 __all__ = [
@@ -156,6 +159,8 @@ class PreparedItem:
             ceiling = self.shape[0] * self.shape[1]
             pixels_into(self.image, dst.reshape(self.shape), alpha=alpha, max_pixels=ceiling)
         elif self.cuda is not None:
+            import torch
+
             torch.from_numpy(dst).view(self.cuda.dtype).view(self.cuda.shape).copy_(self.cuda)
         elif self.array is not None:
             dst[:] = self.array.reshape(-1).view(np.uint8)
@@ -240,7 +245,7 @@ def _source_digest(p: PreparedItem) -> str | None:
     if p.image is None:  # processed, embedding, or an encoded item's bytes
         return None if p.array is None else payload_digest(p, p.array)
     source = p.image
-    if isinstance(source, torch.Tensor) and not source.is_cuda:
+    if is_tensor(source) and not is_cuda_tensor(source):
         source = source.detach().numpy()
     if (
         isinstance(source, np.ndarray)
@@ -260,7 +265,7 @@ def payload_digest(p: PreparedItem, shipped: Any) -> str:
 
 def _prepare(where: str, item: Item, max_pixels: int) -> PreparedItem:
     data = item.data
-    if isinstance(data, torch.Tensor) and data.is_cuda:
+    if is_cuda_tensor(data):
         if item.kind not in ("raw", "encoded"):
             return _on_gpu(where, item, data)
         data = data.cpu()
@@ -334,7 +339,9 @@ def _on_gpu(where: str, item: Item, data: torch.Tensor) -> PreparedItem:
 
 def _as_array(data: Any, where: str) -> tuple[np.ndarray[Any, Any], str]:
     """A C-contiguous array of a processed/embedding item's data and its dtype name."""
-    if isinstance(data, torch.Tensor):
+    if is_tensor(data):
+        import torch
+
         t = data.detach().contiguous()
         if t.dtype == torch.bfloat16:
             return t.view(torch.int16).numpy(), "bfloat16"

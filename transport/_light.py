@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-import torch
 
 from ._items import Item, PreparedItem
+from ._torch import is_tensor
 
 __all__ = ["NOW_MAX_BYTES", "heavy", "plainly_large"]
 
@@ -30,7 +30,7 @@ def plainly_large(items: Sequence[Item]) -> bool:
         data = item.data
         if item.decode:
             return True
-        if isinstance(data, torch.Tensor):
+        if is_tensor(data):
             if data.is_cuda:
                 return True
             total += data.numel() * data.element_size()

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import contextlib
 
-import torch
-
 from .errors import BackendUnavailable
 
 __all__ = ["pin_host", "unpin_host"]
@@ -23,6 +21,8 @@ _READ_ONLY = 0x08  # cudaHostRegisterReadOnly: the device only reads it (a PROT_
 def pin_host(address: int, size: int, *, read_only: bool) -> None:
     """Register ``size`` bytes at ``address`` with CUDA; ``BackendUnavailable`` without a
     GPU or when the driver refuses."""
+    import torch
+
     if not torch.cuda.is_available():
         raise BackendUnavailable("registering host memory needs a CUDA device; none is visible")
     flags = _PORTABLE | (_READ_ONLY if read_only else 0)
@@ -34,5 +34,7 @@ def pin_host(address: int, size: int, *, read_only: bool) -> None:
 def unpin_host(address: int) -> None:
     """Undo :func:`pin_host` (before the mapping is unmapped); errors are ignored, as at
     interpreter exit the CUDA runtime may already be gone."""
+    import torch
+
     with contextlib.suppress(Exception):
         torch.cuda.cudart().cudaHostUnregister(address)  # type: ignore[no-untyped-call]

@@ -46,11 +46,11 @@ from typing import Any, Literal
 
 import msgspec
 import numpy as np
-import torch
 from PIL import Image
 
 from ._arrow import decode_single_block, pixel_view
 from ._schema import ENCODED_FORMATS, EncodedImage
+from ._torch import is_tensor
 from .errors import ImageDecodeError, MaterializeError
 
 __all__ = [
@@ -208,7 +208,9 @@ def image_size(image: Any) -> tuple[int, int]:
 
 def _array(image: Any) -> np.ndarray[Any, Any]:
     """A uint8 ``(H, W, C)`` view of an array or CPU tensor, or a ``MaterializeError``."""
-    if isinstance(image, torch.Tensor):
+    if is_tensor(image):
+        import torch
+
         if image.dtype != torch.uint8:
             raise MaterializeError(
                 f"pixels must be uint8, got a {image.dtype} tensor (normalisation folds in "
@@ -295,6 +297,8 @@ def _pil_into(
         elif view.shape[2] == channels:
             np.copyto(out, view)
         else:  # RGB held as RGBX: a strided gather, which torch does faster than numpy
+            import torch
+
             torch.from_numpy(out).copy_(torch.from_numpy(view[:, :, :channels]))
     except (OSError, ValueError, SyntaxError) as e:  # a lazily loaded file that is cut short
         raise ImageDecodeError(f"the image's pixels do not decode: {e}") from e

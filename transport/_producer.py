@@ -32,9 +32,10 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Collection, Sequence
-from typing import Literal, final
+from typing import TYPE_CHECKING, Literal, final
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 from ._address import ProducerAddress
 from ._arena import Arena
@@ -158,10 +159,15 @@ class Producer:
         # abstract Unix sockets: no file to leave behind, gone with this process
         name = secrets.token_hex(8)
         opened: list[Callable[[], None]] = []  # closed in reverse if the constructor fails
+        on_device = None
+        if device is not None:
+            import torch
+
+            on_device = torch.device(device)
         try:
             self._device = ProducerDevice(
                 device_pool,
-                None if device is None else torch.device(device),
+                on_device,
                 device_pool_size,
                 spans_hosts=tcp,
                 on_full=on_pool_full,
@@ -226,7 +232,7 @@ class Producer:
                 full_timeout=full_timeout,
             )
             opened.append(self._publisher.close)
-            if device is not None and torch.device(device).type == "cuda":
+            if on_device is not None and on_device.type == "cuda":
                 self._publisher.pin_arena()  # at start, rather than in the first such request
         except BaseException:
             for close in reversed(opened):

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 from ._schema import TensorSpec
 
@@ -26,18 +29,26 @@ _NUMPY: dict[str, np.dtype[Any]] = {
         "bool",
     )
 }
-_TORCH: dict[str, torch.dtype] = {
-    "uint8": torch.uint8,
-    "int8": torch.int8,
-    "int16": torch.int16,
-    "int32": torch.int32,
-    "int64": torch.int64,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float32": torch.float32,
-    "float64": torch.float64,
-    "bool": torch.bool,
-}
+
+
+@cache
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype a whitelisted dtype name stands for."""
+    import torch
+
+    dtypes: dict[str, torch.dtype] = {
+        "uint8": torch.uint8,
+        "int8": torch.int8,
+        "int16": torch.int16,
+        "int32": torch.int32,
+        "int64": torch.int64,
+        "float16": torch.float16,
+        "bfloat16": torch.bfloat16,
+        "float32": torch.float32,
+        "float64": torch.float64,
+        "bool": torch.bool,
+    }
+    return dtypes[name]
 
 
 def numpy_view(spec: TensorSpec, buf: Any, offset: int = 0) -> np.ndarray[Any, Any]:
@@ -62,9 +73,11 @@ def torch_view(spec: TensorSpec, buf: Any, offset: int = 0) -> torch.Tensor:
     arena, mapped read-only), so writing into the tensor is a caller bug. Copy first if
     the tensor must be modified. Valid only while the payload's lease is held.
     """
+    import torch
+
     raw = np.frombuffer(buf, dtype=np.uint8, count=spec.nbytes, offset=offset)
     with warnings.catch_warnings():
         # torch warns that the buffer is not writable; that is the point of a shared view.
         warnings.simplefilter("ignore", UserWarning)
         t = torch.from_numpy(raw)
-    return t.view(_TORCH[spec.dtype]).reshape(spec.shape)
+    return t.view(torch_dtype(spec.dtype)).reshape(spec.shape)
