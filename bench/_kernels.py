@@ -24,7 +24,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from mmwire.kernels import preprocess_packed
-from mmwire.materialize import KimiConfig, ModelSpec, QwenVLConfig, preprocess_images, spec_for
+from mmwire.materialize import (
+    Glm4vConfig,
+    KimiConfig,
+    ModelSpec,
+    QwenVLConfig,
+    preprocess_images,
+    spec_for,
+)
 from mmwire.transport import PreprocessSpec
 from PIL import Image
 from rich.console import Console
@@ -150,7 +157,7 @@ def torch_way(
         x = (x / 255.0 - mean) / std
         p = spec.patch_size
         gh, gw = plan.grid.h, plan.grid.w
-        if spec.processor == "qwen2_vl":
+        if spec.windowed:
             m, t = spec.merge_kernel[0], spec.temporal_patch_size
             x = x.reshape(3, gh // m, m, p, gw // m, m, p).permute(1, 4, 2, 5, 0, 3, 6)
             x = x.reshape(-1, 3, 1, p * p).expand(-1, 3, t, p * p).reshape(-1, 3 * t * p * p)
@@ -167,10 +174,11 @@ def _transformers_way(cfg: ModelSpec) -> Any:
         return None
     try:
         import torchvision  # noqa: F401  (the backend; without it transformers falls back to Pillow)
-        from transformers import Qwen2VLImageProcessor
+        from transformers import Glm4vImageProcessor, Qwen2VLImageProcessor
     except ImportError:
         return None
-    proc = Qwen2VLImageProcessor(
+    processor = Glm4vImageProcessor if isinstance(cfg, Glm4vConfig) else Qwen2VLImageProcessor
+    proc = processor(
         patch_size=cfg.patch_size,
         merge_size=cfg.merge_kernel[0],
         size={"shortest_edge": cfg.min_pixels, "longest_edge": cfg.max_pixels},
@@ -331,7 +339,7 @@ def run_kernels(
     reps: int = 20, out_dir: Path | None = None, console: Console | None = None
 ) -> Path:
     """The seed batch 4x1536x1024 (K2.5: unresized, and a resizing limit) and 8 mixed sizes,
-    under Kimi-K2.5, Qwen2.5-VL and Qwen3-VL (the checkpoints' default limits)."""
+    under Kimi-K2.5, Qwen2.5-VL, Qwen3-VL and GLM-4.1V (the families' default limits)."""
     console = console or Console()
     if not torch.cuda.is_available():
         raise SystemExit("mmwire-bench kernels needs a CUDA device")
@@ -342,6 +350,7 @@ def run_kernels(
         "8 mixed sizes": (_photos(_MIXED), KimiConfig()),
         "Qwen2.5-VL 8 mixed": (_photos(_MIXED), spec_for("qwen2.5-vl")),
         "Qwen3-VL 8 mixed": (_photos(_MIXED), spec_for("qwen3-vl")),
+        "GLM-4.1V 8 mixed": (_photos(_MIXED), spec_for("glm-4.1v")),
     }
     rows: list[dict[str, Any]] = []
     for name, (images, cfg) in cases.items():
@@ -376,9 +385,9 @@ def run_kernels(
                 f"(a device-to-device copy ran at {d2d / 1e12:.2f} TB/s here)",
                 "device: CUDA events around a call (with the grid_thw copy and the gaps between "
                 "launches); x: the torch way's (or transformers') device time over it",
-                "torch: the torch way; HF: transformers' Qwen2VLImageProcessor, torchvision "
-                "backend, device='cuda' (Qwen rows; its bytes differing from Pillow's are in "
-                "results.json)",
+                "torch: the torch way; HF: transformers' Qwen2VLImageProcessor (or "
+                "Glm4vImageProcessor), torchvision backend, device='cuda' (Qwen and GLM rows; "
+                "its bytes differing from Pillow's are in results.json)",
                 "e2e: H2D of the packed uint8 pixels from registered memory plus the kernels, "
                 "host wall clock",
             ],

@@ -239,7 +239,7 @@ def _plan(
 
 def output_layout(spec: PreprocessSpec) -> OutputLayout:
     """How the kernels write a spec's rows (a module is compiled for each layout)."""
-    if spec.processor == "qwen2_vl":
+    if spec.windowed:
         return OutputLayout(spec.merge_order, spec.temporal_patch_size)
     return OutputLayout()
 

@@ -8,11 +8,11 @@ namespace as ``mmwire.transport.errors``); Pillow's BICUBIC tables live in
 
 General layout: ``_families`` (the model families and ``spec_for``), one module per family
 (``_kimi``: Kimi's NaViT plan and ``KimiConfig``; ``_qwen``: ``smart_resize`` and
-``QwenVLConfig``), ``_params`` (reading a checkpoint's processor parameters), ``_plan``
-(the plan a received spec must have), ``_grids`` (grid/token arithmetic),
-``_placeholders``, ``_defer`` (the producer's gate), ``_assign`` (vision-DP owners),
-``_pipeline`` (the exact CPU pixel pipeline), ``_decode`` (an encoded item's decode at the
-owner), ``_compute`` (CPU or CUDA), ``_cache`` (the owner's cache of outputs),
+``QwenVLConfig``; ``_glm``: ``Glm4vConfig``), ``_params`` (reading a checkpoint's processor
+parameters), ``_plan`` (the plan a received spec must have), ``_grids`` (grid/token
+arithmetic), ``_placeholders``, ``_defer`` (the producer's gate), ``_assign`` (vision-DP
+owners), ``_pipeline`` (the exact CPU pixel pipeline), ``_decode`` (an encoded item's decode
+at the owner), ``_compute`` (CPU or CUDA), ``_cache`` (the owner's cache of outputs),
 ``_materializer`` (the owner rank's entry point).
 """
 
@@ -26,6 +26,7 @@ from ._defer import should_defer as should_defer
 from ._families import FAMILIES as FAMILIES
 from ._families import ModelSpec as ModelSpec
 from ._families import spec_for as spec_for
+from ._glm import Glm4vConfig as Glm4vConfig
 from ._grids import patches_per_item as patches_per_item
 from ._grids import split_by_tokens as split_by_tokens
 from ._grids import tokens_per_item as tokens_per_item
@@ -46,6 +47,7 @@ __all__ = [
     "FAMILIES",
     "K3_BACKGROUND",
     "CacheStatistics",
+    "Glm4vConfig",
     "KimiConfig",
     "MaterializedBatch",
     "Materializer",

@@ -2,7 +2,8 @@
 checkpoint's processor parameters (the fields of its ``preprocessor_config.json``).
 
 Each family has a module of its own holding its plan and its config class: ``_kimi``
-(``KimiConfig``, the NaViT plan) and ``_qwen`` (``QwenVLConfig``, ``smart_resize``). A
+(``KimiConfig``, the NaViT plan), ``_qwen`` (``QwenVLConfig``, ``smart_resize``) and
+``_glm`` (``Glm4vConfig``: Qwen-VL's pixels under GLM's own ``smart_resize``). A
 config called with an image's size gives the wire's ``PreprocessSpec``, whose ``processor``
 field tells the owner which semantics to run; the deferral gate, the grid and token counts
 and the placeholder expansion all come from the config (``ModelSpec``). A new family adds a
@@ -17,6 +18,7 @@ from typing import Any, Literal, Protocol
 from mmwire.transport import PreprocessSpec, ResizePlan
 from mmwire.transport.errors import ConfigurationError
 
+from ._glm import Glm4vConfig, glm_config
 from ._kimi import K3_BACKGROUND, KimiConfig, kimi_config
 from ._qwen import QwenVLConfig, qwen_config
 
@@ -66,6 +68,10 @@ FAMILIES: dict[str, KimiConfig | QwenVLConfig] = {
     "qwen2-vl": QwenVLConfig(family="qwen2-vl"),
     "qwen2.5-vl": QwenVLConfig(),
     "qwen3-vl": _QWEN3,
+    "glm-4v": Glm4vConfig(),
+    "glm-4.1v": Glm4vConfig(family="glm-4.1v"),
+    "glm-4.5v": Glm4vConfig(family="glm-4.5v"),
+    "glm-4.6v": Glm4vConfig(family="glm-4.6v"),
 }
 """Each family's spec with its checkpoints' defaults."""
 
@@ -135,6 +141,8 @@ def spec_for(family: str, params: Mapping[str, Any] | None = None) -> KimiConfig
         raise ConfigurationError(f"unknown family {family!r}; one of {sorted(FAMILIES)}")
     given = {k: v for k, v in (params or {}).items() if k not in _IGNORED}
     try:
+        if isinstance(base, Glm4vConfig):
+            return glm_config(base, given)
         if isinstance(base, QwenVLConfig):
             return qwen_config(base, given)
         return kimi_config(base, given)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from mmwire.transport import PreprocessSpec, ResizePlan
 
+from ._glm import plan_glm_resize
 from ._kimi import plan_resize
 from ._qwen import plan_smart_resize
 
@@ -15,16 +16,27 @@ def expected_plan(spec: PreprocessSpec) -> ResizePlan:
     mh, mw = spec.merge_kernel
     if mh != mw:
         raise ValueError(f"a square merge kernel is needed to plan, got {[mh, mw]}")
-    if spec.processor == "qwen2_vl":
-        if spec.min_pixels is None or spec.max_pixels is None:  # the schema refuses these
-            raise ValueError("a qwen2_vl spec needs min_pixels and max_pixels")
+    if spec.windowed:
+        lo, hi = spec.min_pixels, spec.max_pixels
+        if lo is None or hi is None:  # the schema refuses these
+            raise ValueError(f"a {spec.processor} spec needs min_pixels and max_pixels")
+        if spec.processor == "glm4v":
+            return plan_glm_resize(
+                spec.plan.width,
+                spec.plan.height,
+                patch_size=spec.patch_size,
+                merge_size=mh,
+                temporal_patch_size=spec.temporal_patch_size,
+                min_pixels=lo,
+                max_pixels=hi,
+            )
         return plan_smart_resize(
             spec.plan.width,
             spec.plan.height,
             patch_size=spec.patch_size,
             merge_size=mh,
-            min_pixels=spec.min_pixels,
-            max_pixels=spec.max_pixels,
+            min_pixels=lo,
+            max_pixels=hi,
         )
     return plan_resize(
         spec.plan.width,

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from mmwire.transport import Grid, PreprocessSpec, ResizePlan
+from mmwire.transport import Grid, PreprocessSpec, Processor, ResizePlan
 from mmwire.transport.errors import ConfigurationError, MaterializeError
 from mmwire.transport.images import MAX_IMAGE_PIXELS
 
@@ -21,6 +21,7 @@ __all__ = [
     "plan_smart_resize",
     "qwen_config",
     "smart_resize",
+    "windowed_fields",
 ]
 
 MAX_ASPECT_RATIO = 200
@@ -92,6 +93,9 @@ class QwenVLConfig:
     shared by Qwen2-VL, Qwen2.5-VL and Qwen3-VL). Defaults: the Qwen2.5-VL checkpoints'.
     Called with an image's size it gives that image's spec (``Item(preprocess=config)``)."""
 
+    processor: ClassVar[Processor] = "qwen2_vl"
+    """The wire's name for these semantics (a family with its own plan names its own)."""
+
     family: str = "qwen2.5-vl"
     patch_size: int = 14
     merge_size: int = 2
@@ -153,7 +157,7 @@ class QwenVLConfig:
             image_std=self.image_std,
             patch_size=self.patch_size,
             merge_kernel=self.merge_kernel,
-            processor="qwen2_vl",
+            processor=self.processor,
             min_pixels=self.min_pixels,
             max_pixels=self.max_pixels,
             temporal_patch_size=self.temporal_patch_size,
@@ -164,6 +168,16 @@ class QwenVLConfig:
 def qwen_config(base: QwenVLConfig, given: dict[str, Any]) -> QwenVLConfig:
     """transformers' precedence: ``size`` (pixel counts named ``shortest_edge`` and
     ``longest_edge``), then top-level ``min_pixels``/``max_pixels`` over it."""
+    out = windowed_fields(given)
+    take(given, out, {"min_pixels": int, "max_pixels": int})
+    leftover(given)
+    return replace(base, **out)
+
+
+def windowed_fields(given: dict[str, Any]) -> dict[str, Any]:
+    """The keys a Qwen-VL-style processor shares (``size`` as pixel counts, patch, merge
+    and temporal sizes, mean, std, rescale), taken out of ``given``; the steps it must run
+    required on."""
     for key in ("do_resize", "do_rescale", "do_normalize", "do_convert_rgb"):
         required(given, key, True, "mmwire runs the reference's every step")
     required(given, "resample", _BICUBIC, "the kernels reproduce Pillow's BICUBIC")
@@ -183,8 +197,6 @@ def qwen_config(base: QwenVLConfig, given: dict[str, Any]) -> QwenVLConfig:
         given,
         out,
         {
-            "min_pixels": int,
-            "max_pixels": int,
             "patch_size": int,
             "temporal_patch_size": int,
             "merge_size": int,
@@ -193,5 +205,4 @@ def qwen_config(base: QwenVLConfig, given: dict[str, Any]) -> QwenVLConfig:
             "rescale_factor": float,
         },
     )
-    leftover(given)
-    return replace(base, **out)
+    return out

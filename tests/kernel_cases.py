@@ -11,7 +11,14 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 from mmwire.kernels import Launcher, pack, preprocess_packed
-from mmwire.materialize import K3_BACKGROUND, KimiConfig, ModelSpec, QwenVLConfig, preprocess_images
+from mmwire.materialize import (
+    K3_BACKGROUND,
+    Glm4vConfig,
+    KimiConfig,
+    ModelSpec,
+    QwenVLConfig,
+    preprocess_images,
+)
 from mmwire.transport import Background, PreprocessSpec
 
 Image = np.ndarray[Any, Any]
@@ -33,6 +40,7 @@ ODD_PATCH_K3 = KimiConfig(patch_size=15, in_patch_limit=40, background=K3_BACKGR
 # the min_pixels bound upscales the smallest, sides that are multiples of 28 (32) and within
 # the bounds stay as they are (plain tiles)
 QWEN_SMALL = QwenVLConfig(max_pixels=28 * 28 * 40)
+GLM_SMALL = Glm4vConfig(max_pixels=2 * 28 * 28 * 40)
 QWEN_LARGE = QwenVLConfig(max_pixels=28 * 28 * 400)
 QWEN3_SMALL = QwenVLConfig(
     family="qwen3-vl",
@@ -162,8 +170,10 @@ _CASES |= {
         *_shots(QWEN_SMALL, (200, 260, 3), (150, 190, 1)),
     ),
     "qwen3": _shots(QWEN3_SMALL, (130, 170, 3), (64, 96, 3), (97, 211, 1), (1, 1, 3), (300, 70, 3)),
+    # GLM's plan: sides under 28 enlarged first, two frames' area bounded
+    "glm": _shots(GLM_SMALL, (13, 40, 3), (27, 27, 3), (130, 170, 1), (97, 211, 3), (400, 45, 3)),
 }
-QWEN_CASES = ("qwen_distinct", "qwen_plain_and_mma", "qwen3")
+QWEN_CASES = ("qwen_distinct", "qwen_plain_and_mma", "qwen3", "glm")
 
 
 def case(name: str, rng: np.random.Generator) -> Items:

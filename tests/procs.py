@@ -95,27 +95,28 @@ __all__ = ["GlobalIndex"]
 
 
 def materialize_rank(
-    rank: int, ranks: int, endpoint: str, handover: str, limit: int, q: Any
+    rank: int, ranks: int, endpoint: str, handover: str, limit: int, q: Any, batches: int = 1
 ) -> None:
-    """A scheduler rank: receive one batch, materialise its own items, report the bytes."""
+    """A scheduler rank: receive ``batches`` batches, materialise its own items of each,
+    report the bytes (closing sends the last release before the process ends)."""
     from mmwire.materialize import Materializer, assign_owners
 
     c = Consumer(rank, endpoint, handover=handover)
     try:
-        with c.recv(timeout=60) as b:
-            counts = [b.envelopes[g].grid.patches for g in b.envelopes.indices()]
-            my_map = assign_owners(counts, ranks)[rank]  # every rank computes it alone
-            out = Materializer(rank).materialize(b, my_map)
-            q.put(
-                (
-                    "result",
-                    rank,
-                    [g.value for g in my_map.globals],
-                    out.pixel_values.numpy().tobytes(),
-                    out.grid_thw.tolist(),
+        for _ in range(batches):
+            with c.recv(timeout=60) as b:
+                counts = [b.envelopes[g].grid.patches for g in b.envelopes.indices()]
+                my_map = assign_owners(counts, ranks)[rank]  # every rank computes it alone
+                out = Materializer(rank).materialize(b, my_map)
+                q.put(
+                    (
+                        "result",
+                        rank,
+                        [g.value for g in my_map.globals],
+                        out.pixel_values.numpy().tobytes(),
+                        out.grid_thw.tolist(),
+                    )
                 )
-            )
-        time.sleep(0.5)
     finally:
         c.close()
 

@@ -39,7 +39,7 @@ from mmwire.transport.errors import (
 )
 from mmwire.transport.images import image_size, to_pixels
 from mmwire.transport.wire import SCHEMA_VERSION, InlineRef
-from oracle import QWEN_PARAMS, Qwen2VLImageProcessorPil, qwen_reference
+from oracle import GLM_PARAMS, QWEN_PARAMS, Qwen2VLImageProcessorPil, qwen_reference
 from PIL import Image
 
 QWEN = tuple(QWEN_PARAMS)
@@ -253,7 +253,7 @@ def test_envelopes_refuse_what_a_qwen_owner_cannot_run() -> None:
         msgspec.structs.replace(spec, background=FAMILIES["kimi-k3"].background)
     with pytest.raises(DimensionError, match="min_pixels"):
         msgspec.structs.replace(spec, min_pixels=None)
-    with pytest.raises(MalformedEnvelope, match="belong to the qwen2_vl processor"):
+    with pytest.raises(MalformedEnvelope, match="belong to the qwen2_vl and glm4v processors"):
         msgspec.structs.replace(spec, processor="kimi_vl")
     with pytest.raises(GridMismatch, match="without padding"):
         msgspec.structs.replace(spec, plan=KimiConfig()(90, 61).plan)
@@ -294,22 +294,27 @@ def test_one_batch_cannot_mix_kimi_and_qwen_rows(rng: np.random.Generator) -> No
 
 def test_owner_ranks_in_other_processes_equal_transformers(rng: np.random.Generator) -> None:
     # a real producer ships PIL images of every mode raw (alpha composited on the producer)
-    # to 3 ranks in their own processes, owners permuted; each rank's rows are the
-    # transformers processor's rows of its items
-    params = {**QWEN_PARAMS["qwen2.5-vl"], "max_pixels": 28 * 28 * 64}
-    family = spec_for("qwen2.5-vl", params)
+    # to 3 ranks in their own processes, owners permuted, one request per family; each
+    # rank's rows are the transformers processor's rows of its items
+    requests = [
+        ("qwen2.5-vl", {**QWEN_PARAMS["qwen2.5-vl"], "max_pixels": 28 * 28 * 64}),
+        (
+            "glm-4v",
+            {
+                **GLM_PARAMS["glm-4v"],
+                "size": {"shortest_edge": 12544, "longest_edge": 28 * 28 * 128},
+            },
+        ),
+    ]
     images = _modes(rng)
-    specs = [family(*im.size) for im in images]
     ranks = 3
-    maps = assign_owners([s.plan.grid.patches for s in specs], ranks)
-    assert any(list(m.globals) != sorted(m.globals) for m in maps), "want a permuted assignment"
-    owners = [next((m.rank,) for m in maps if m.owns(GlobalIndex(i))) for i in range(len(images))]
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     p = Producer(arena_size=1 << 24)
     kids = [
         ctx.Process(
-            target=procs.materialize_rank, args=(r, ranks, p.endpoint, p.handover_path, 0, q)
+            target=procs.materialize_rank,
+            args=(r, ranks, p.endpoint, p.handover_path, 0, q, len(requests)),
         )
         for r in range(ranks)
     ]
@@ -317,19 +322,25 @@ def test_owner_ranks_in_other_processes_equal_transformers(rng: np.random.Genera
         for k in kids:
             k.start()
         p.wait_for_consumers(list(range(ranks)), 60)
-        p.publish(
-            "req", [Item(data=im, consumers=o, preprocess=family) for im, o in zip(images, owners)]
-        )
-        results = {}
-        for _ in range(ranks):
-            _, rank, order, pv, grids = q.get(timeout=120)
-            results[rank] = (order, pv, grids)
+        for name, params in requests:
+            family = spec_for(name, params)
+            maps = assign_owners([family(*im.size).plan.grid.patches for im in images], ranks)
+            assert any(list(m.globals) != sorted(m.globals) for m in maps), "want a permutation"
+            owners = [
+                next((m.rank,) for m in maps if m.owns(GlobalIndex(i))) for i in range(len(images))
+            ]
+            items = [Item(data=im, consumers=o, preprocess=family) for im, o in zip(images, owners)]
+            p.publish(name, items)
+            results = {}
+            for _ in range(ranks):
+                _, rank, order, pv, grids = q.get(timeout=120)
+                results[rank] = (order, pv, grids)
+            want = [qwen_reference([im], params, family=name) for im in images]
+            for rank, (order, pv, grids) in results.items():
+                assert order == [g.value for g in maps[rank].globals]
+                assert pv == torch.cat([want[i][0] for i in order]).numpy().tobytes(), (name, rank)
+                assert grids == [want[i][1][0].tolist() for i in order]
     finally:
         for k in kids:
             k.join(20)
         p.close()
-    want = [qwen_reference([im], params) for im in images]
-    for rank, (order, pv, grids) in results.items():
-        assert order == [g.value for g in maps[rank].globals]
-        assert pv == torch.cat([want[i][0] for i in order]).numpy().tobytes(), rank
-        assert grids == [want[i][1][0].tolist() for i in order]

@@ -451,7 +451,7 @@ def test_cuda_materializer_errors_name_the_item_and_keep_serving(
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
-@pytest.mark.parametrize("name", ["qwen_distinct", "qwen_plain_and_mma", "qwen3"])
+@pytest.mark.parametrize("name", ["qwen_distinct", "qwen_plain_and_mma", "qwen3", "glm"])
 def test_cuda_kernels_write_qwen_rows_equal_to_the_cpu_path(
     rng: np.random.Generator, name: str, dtype: str
 ) -> None:
@@ -464,7 +464,7 @@ def test_cuda_kernels_write_qwen_rows_equal_to_the_cpu_path(
     assert differing(got_pv, want_pv) == 0
 
 
-@pytest.mark.parametrize("family", ["qwen2.5-vl", "qwen3-vl"])
+@pytest.mark.parametrize("family", ["qwen2.5-vl", "qwen3-vl", "glm-4.1v"])
 def test_cuda_qwen_photos_equal_transformers(family: str) -> None:
     # the checkpoint's own config over photos of every size class, straight against
     # transformers' Pillow processor (where the machine has it)
@@ -476,9 +476,9 @@ def test_cuda_qwen_photos_equal_transformers(family: str) -> None:
     photos = [Image.open(photo_path(n)).convert("RGB") for n in ("astronaut.png", "coffee.png")]
     images = [*photos, photos[0].resize((4200, 3200)), photos[1].resize((1001, 377))]
     images.append(Image.fromarray(np.asarray(photos[1].convert("L").resize((90, 47)))))
-    params = oracle.QWEN_PARAMS[family]
+    params = {**oracle.QWEN_PARAMS, **oracle.GLM_PARAMS}[family]
     for dtype in (torch.float32, torch.bfloat16):
-        want = oracle.qwen_reference(images, params, dtype)
+        want = oracle.qwen_reference(images, params, dtype, family=family)
         got = preprocess_images(
             images, spec_for(family, params), device="cuda", dtype=dtype, compute="cuda"
         )

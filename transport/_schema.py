@@ -78,11 +78,14 @@ EncodedFormat = Literal["JPEG", "PNG", "WEBP", "GIF", "BMP"]
 ENCODED_FORMATS: frozenset[str] = frozenset(("JPEG", "PNG", "WEBP", "GIF", "BMP"))
 """Containers an encoded item may carry (Pillow's format names): what clients send. Others
 are decoded on the producer, so an owner never runs a rarer decoder on a peer's bytes."""
-Processor = Literal["kimi_vl", "qwen2_vl"]
+Processor = Literal["kimi_vl", "qwen2_vl", "glm4v"]
 """Whose image-processor semantics a raw item follows: ``kimi_vl`` (Kimi-K2.5/K3's NaViT
-plan, rows ``(3, p, p)``) or ``qwen2_vl`` (transformers' ``Qwen2VLImageProcessor``, which
+plan, rows ``(3, p, p)``), ``qwen2_vl`` (transformers' ``Qwen2VLImageProcessor``, which
 Qwen2-VL, Qwen2.5-VL and Qwen3-VL share: ``smart_resize``, rows ``(3·T·p·p,)`` by merge
-window)."""
+window) or ``glm4v`` (``Glm4vImageProcessor``, GLM-4.1V/4.5V/4.6V: Qwen-VL's pixels and
+rows under GLM's own ``smart_resize``)."""
+WINDOWED_PROCESSORS: frozenset[str] = frozenset(("qwen2_vl", "glm4v"))
+"""The processors whose pixels and rows are Qwen-VL's (they differ only in the plan)."""
 
 
 class Grid(msgspec.Struct, frozen=True, array_like=True):
@@ -336,7 +339,9 @@ class PreprocessSpec(msgspec.Struct, frozen=True, kw_only=True):
     * ``kimi_vl``: ``background`` ``None`` means alpha is dropped after the resize (K2.5);
       see :class:`Background` for K3. ``in_patch_limit``, ``patch_limit_on_one_side`` and
       ``fixed_output_tokens`` are the checkpoint's plan limits.
-    * ``qwen2_vl``: ``min_pixels``/``max_pixels`` bound ``smart_resize``'s target, every
+    * ``qwen2_vl`` and ``glm4v``: ``min_pixels``/``max_pixels`` bound ``smart_resize``'s
+      target (each family's own: GLM's counts two frames and enlarges sides under one
+      merge window first), every
       patch is repeated ``temporal_patch_size`` times in its row, and bytes become values as
       ``float32(v · rescale_factor)`` then ``(x - mean) / std`` in float32. Transparency is
       composited over white on the producer, so raw items carry 1 or 3 channels; there is
@@ -365,18 +370,24 @@ class PreprocessSpec(msgspec.Struct, frozen=True, kw_only=True):
     def alpha(self) -> Literal["keep", "white"]:
         """How the producer treats transparency (``mmwire.transport.images.to_pixels``): ``keep``
         it for the owner (Kimi), or composite it over ``white`` first (Qwen-VL)."""
-        return "white" if self.processor == "qwen2_vl" else "keep"
+        return "white" if self.windowed else "keep"
+
+    @property
+    def windowed(self) -> bool:
+        """Whether the rows are Qwen-VL's: flat, by merge window, each patch repeated
+        ``temporal_patch_size`` times, transformers' float32 normalisation."""
+        return self.processor in WINDOWED_PROCESSORS
 
     @property
     def merge_order(self) -> int:
         """0: patches row-major over the grid; ``m``: ordered by ``m x m`` merge windows."""
-        return self.merge_kernel[0] if self.processor == "qwen2_vl" else 0
+        return self.merge_kernel[0] if self.windowed else 0
 
     @property
     def row_shape(self) -> tuple[int, ...]:
         """One patch's row of ``pixel_values``: ``(3, p, p)`` or ``(3·T·p·p,)``."""
         p = self.patch_size
-        if self.processor == "qwen2_vl":
+        if self.windowed:
             return (3 * self.temporal_patch_size * p * p,)
         return (3, p, p)
 
@@ -410,12 +421,12 @@ class PreprocessSpec(msgspec.Struct, frozen=True, kw_only=True):
                     f"`preprocess.image_std` must be in [{lo:g}, {hi:g}], "
                     f"got {list(self.image_std)}"
                 )
-        if self.processor == "qwen2_vl":
-            self._check_qwen()
+        if self.windowed:
+            self._check_windowed()
         elif (self.temporal_patch_size, self.min_pixels, self.max_pixels) != (1, None, None):
             raise MalformedEnvelope(
                 "`preprocess.temporal_patch_size`, `min_pixels` and `max_pixels` belong to "
-                "the qwen2_vl processor"
+                "the qwen2_vl and glm4v processors"
             )
         p = self.patch_size
         plan = self.plan
@@ -431,10 +442,11 @@ class PreprocessSpec(msgspec.Struct, frozen=True, kw_only=True):
                 f"{plan.padded_width}x{plan.padded_height} (expected h, w = {list(expected)})"
             )
 
-    def _check_qwen(self) -> None:
+    def _check_windowed(self) -> None:
         mh, mw = self.merge_kernel
+        name = self.processor
         if mh != mw:
-            raise DimensionError(f"qwen2_vl needs a square merge kernel, got {[mh, mw]}")
+            raise DimensionError(f"{name} needs a square merge kernel, got {[mh, mw]}")
         if not 0 < self.temporal_patch_size <= _MAX_TEMPORAL:
             raise DimensionError(
                 f"`preprocess.temporal_patch_size` must be in 1..{_MAX_TEMPORAL}, "
@@ -443,7 +455,7 @@ class PreprocessSpec(msgspec.Struct, frozen=True, kw_only=True):
         lo, hi = self.min_pixels, self.max_pixels
         if lo is None or hi is None or not 0 < lo <= hi:
             raise DimensionError(
-                f"qwen2_vl needs 0 < `min_pixels` <= `max_pixels`, got {lo} and {hi}"
+                f"{name} needs 0 < `min_pixels` <= `max_pixels`, got {lo} and {hi}"
             )
         if not (math.isfinite(self.rescale_factor) and 0 < self.rescale_factor <= 1):
             raise MalformedEnvelope(
@@ -451,12 +463,12 @@ class PreprocessSpec(msgspec.Struct, frozen=True, kw_only=True):
             )
         if self.background is not None:
             raise MalformedEnvelope(
-                "qwen2_vl composites over white on the producer: no `background`"
+                f"{name} composites over white on the producer: no `background`"
             )
         plan, f = self.plan, self.patch_size * mh
         if plan.pad_width or plan.pad_height or plan.new_width % f or plan.new_height % f:
             raise GridMismatch(
-                f"a qwen2_vl plan resizes to multiples of {f} without padding, got "
+                f"a {name} plan resizes to multiples of {f} without padding, got "
                 f"{plan.new_width}x{plan.new_height} padded by {plan.pad_width}x{plan.pad_height}"
             )
 
