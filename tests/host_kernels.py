@@ -5,10 +5,14 @@ without a GPU; ``pytest -m gpu`` then checks the same cases on the device."""
 from __future__ import annotations
 
 import ctypes
+import fcntl
+import hashlib
+import os
 import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
 import torch
 from mmwire.kernels import SOURCE, compile_options
 from mmwire.kernels._abi import KIMI_LAYOUT, KINDS, Kind, OutputLayout
@@ -27,7 +31,7 @@ def build(out_dir: Path, patch: int = 0, layout: OutputLayout = KIMI_LAYOUT) -> 
     subprocess.run(
         [
             cxx,
-            "-O2",
+            "-O1",  # a third faster to build than -O2, for the same IEEE arithmetic
             "-std=c++20",
             "-pthread",
             "-ffp-contract=off",
@@ -48,6 +52,28 @@ def build(out_dir: Path, patch: int = 0, layout: OutputLayout = KIMI_LAYOUT) -> 
         check=True,
     )
     return lib
+
+
+def shared_build(root: Path, patch: int = 0, layout: OutputLayout = KIMI_LAYOUT) -> Path:
+    """``build``, once per source and flags under ``root`` however many test processes ask
+    (pytest-xdist's workers share the session's temporary root): a build takes about 40 s
+    on two cores, so each worker compiling its own would double the suite's longest part."""
+    sources = [Path(SOURCE), HERE / "driver.cpp", HERE / "shim.h"]
+    key = hashlib.sha256()
+    for part in [*(p.read_bytes() for p in sources), repr((patch, layout)).encode()]:
+        key.update(part)
+    out = root / f"host-kernels-{key.hexdigest()[:16]}"
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the first asker builds; the rest wait for it
+        done = next((p for p in out.iterdir() if p.suffix == ".so"), None)
+        return done if done is not None else build(out, patch, layout)
+
+
+def session_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The temporary root every test process of this session shares."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
 def _p(t: torch.Tensor) -> ctypes.c_void_p:
