@@ -76,6 +76,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="cpu",
         help="the owners' materializer: cpu, cuda (the CUDA kernels), or both as cpu,cuda",
     )
+    pl.add_argument(
+        "--capacity",
+        type=float,
+        metavar="P99_MS",
+        help="instead, find each way's highest rate whose p99 stays within P99_MS",
+    )
+    pl.add_argument("--frontends", default="1,2", help="with --capacity: producer counts")
     en = sub.add_parser("engine", help="reuse and the owner cache on a chat trace; async publish")
     en.add_argument("--ranks", type=int, default=2)
     en.add_argument("--conversations", type=int, default=6)
@@ -129,6 +136,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ._kernels import run_kernels
 
         run_kernels(reps=args.reps, out_dir=args.out, console=console)
+    elif command == "pipeline" and args.capacity is not None:
+        from ._capacity import run_capacity
+
+        run_capacity(
+            args.ranks,
+            args.requests,
+            tuple(args.device.split(",")),
+            args.capacity / 1e3,
+            tuple(int(x) for x in args.frontends.split(",")),
+            out_dir=args.out,
+            console=console,
+        )
     elif command == "pipeline":
         from ._pipeline import run_pipeline
 

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import io
 import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -85,51 +87,62 @@ def _run(
     requests: list[list[bytes]],
     rate: float,
     ranks: Ranks,
-    producer: Producer,
+    producers: Sequence[Producer],
     n_ranks: int,
     cfg: KimiConfig,
     seed: int,
 ) -> dict[str, Any]:
+    """One cell: ``requests`` arrive as a Poisson process at ``rate``, taken in turn by the
+    ``producers`` (frontends, each on a thread of its own); the TTFT proxy of each."""
     rng = np.random.default_rng(seed)
     gaps = rng.exponential(1.0 / rate, len(requests))
     start = time.perf_counter() + 0.05
     arrivals = start + np.cumsum(gaps)
-    payload = 0
-    cpu = 0.0
-    owners_per_request = []
-    for i, (images, t_arrive) in enumerate(zip(requests, arrivals)):
-        now = time.perf_counter()
-        if now < t_arrive:
-            time.sleep(t_arrive - now)
-        cpu0 = time.process_time()
-        specs = [cfg(*image_size(im)) for im in images]
-        owners = assign_owners([s.plan.grid.patches for s in specs], n_ranks)
-        owner_of = {g.value: m.rank for m in owners for _, g in m.items()}
-        owners_per_request.append({m.rank for m in owners if len(m)})
-        if mode == "eager":
-            pv, grids = preprocess_images(images, cfg)
-            items, row = [], 0
-            for s, thw in zip(specs, grids.tolist()):
-                n = s.plan.grid.patches
-                items.append(
-                    Item(
-                        data=pv[row : row + n],
-                        consumers=tuple(range(n_ranks)),
-                        kind="processed",
-                        grid=Grid(tuple(thw)),
+    payload = [0] * len(producers)
+    owners_per_request: list[set[int]] = [set() for _ in requests]
+
+    def frontend(k: int) -> None:
+        for i in range(k, len(requests), len(producers)):
+            images = requests[i]
+            now = time.perf_counter()
+            if now < arrivals[i]:
+                time.sleep(arrivals[i] - now)
+            specs = [cfg(*image_size(im)) for im in images]
+            owners = assign_owners([s.plan.grid.patches for s in specs], n_ranks)
+            owner_of = {g.value: m.rank for m in owners for _, g in m.items()}
+            owners_per_request[i] = {m.rank for m in owners if len(m)}
+            if mode == "eager":
+                pv, grids = preprocess_images(images, cfg)
+                items, row = [], 0
+                for s, thw in zip(specs, grids.tolist()):
+                    n = s.plan.grid.patches
+                    items.append(
+                        Item(
+                            data=pv[row : row + n],
+                            consumers=tuple(range(n_ranks)),
+                            kind="processed",
+                            grid=Grid(tuple(thw)),
+                        )
                     )
-                )
-                row += n
-            payload += pv.numel() * pv.element_size()
-        else:
-            items = [
-                Item(data=im, consumers=(owner_of[k],), preprocess=s, decode=mode == "raw")
-                for k, (im, s) in enumerate(zip(images, specs))
-            ]
-        envs = producer.publish(f"r{i}", items)
-        cpu += time.process_time() - cpu0
-        if mode != "eager":
-            payload += sum(e.tensor.nbytes for e in envs)
+                    row += n
+                payload[k] += pv.numel() * pv.element_size()
+            else:
+                items = [
+                    Item(data=im, consumers=(owner_of[j],), preprocess=s, decode=mode == "raw")
+                    for j, (im, s) in enumerate(zip(images, specs))
+                ]
+            envs = producers[k].publish(f"r{i}", items)
+            if mode != "eager":
+                payload[k] += sum(e.tensor.nbytes for e in envs)
+
+    cpu0 = time.process_time()
+    if len(producers) == 1:
+        frontend(0)
+    else:
+        with ThreadPoolExecutor(len(producers)) as pool:
+            for done_ in [pool.submit(frontend, k) for k in range(len(producers))]:
+                done_.result()  # a frontend's error is the cell's
+    cpu = time.process_time() - cpu0
     reports = ranks.wait("done", n_ranks * len(requests), timeout=600)
     done: dict[str, dict[int, float]] = {}
     for _, rank, rid, t, held in reports:
@@ -147,7 +160,7 @@ def _run(
         "rate": rate,
         "ttft_s": ttft,
         "throughput_rps": len(requests) / (last - arrivals[0]),
-        "payload_bytes": payload,
+        "payload_bytes": sum(payload),
         "producer_cpu_s_per_request": cpu / len(requests),
         "images": sum(len(r) for r in requests),
     }
@@ -205,8 +218,7 @@ def run_pipeline(
                     ranks,
                     lambda r, side=side, device=device, gpu_decode=gpu_decode: (
                         ranks,
-                        producer.endpoint,
-                        producer.handover_path,
+                        [(producer.endpoint, producer.handover_path)],
                         side,
                         device,
                         gpu_decode,
@@ -215,10 +227,10 @@ def run_pipeline(
                 try:
                     producer.wait_for_consumers(range(ranks), 120)
                     warm = _requests(2, seed=5)
-                    _run(mode, warm, capacity, pool, producer, ranks, cfg, seed=1)
+                    _run(mode, warm, capacity, pool, [producer], ranks, cfg, seed=1)
                     for k, x in enumerate(rates):
                         row = _run(
-                            mode, reqs, x * capacity, pool, producer, ranks, cfg, seed=100 + k
+                            mode, reqs, x * capacity, pool, [producer], ranks, cfg, seed=100 + k
                         )
                         row.update(rate_x_capacity=x, device=device, gpu_decode=gpu_decode)
                         rows.append(row)

@@ -88,6 +88,27 @@ def _mmwire_session(
         ctx.term()
 
 
+@contextmanager
+def _group_session(
+    rank: int, producers: list[tuple[str, str]], report: str
+) -> Iterator[tuple[zmq.Socket[Any], Any]]:
+    """A rank's reporter and its ``ConsumerGroup`` of ``producers``; the producers going
+    away ends the session, and both are closed however it ends."""
+    from mmwire.transport import ConsumerGroup, ProducerAddress
+    from mmwire.transport.errors import PeerGone
+
+    ctx, out = _reporter(report)
+    group = ConsumerGroup(rank, [ProducerAddress(e, h) for e, h in producers])
+    try:
+        yield out, group
+    except PeerGone:
+        pass
+    finally:
+        group.close()
+        out.close(0)
+        ctx.term()
+
+
 def mmwire_rank(
     rank: int, ranks: int, endpoint: str, handover: str, materialize: bool, report: str
 ) -> None:
@@ -215,8 +236,7 @@ def tmp_queue_rank(rank: int, queue: Any, report: str) -> None:
 def pipeline_rank(
     rank: int,
     ranks: int,
-    endpoint: str,
-    handover: str,
+    producers: list[tuple[str, str]],
     mode: str,
     device: str,
     gpu_decode: bool,
@@ -224,18 +244,21 @@ def pipeline_rank(
 ) -> None:
     """A rank of ``mmwire-bench pipeline``: reports when it holds its items' pixel_values.
 
-    eager: every rank receives every item's fp32 patches; the item's owner (the
-    ``assign_owners`` rank, as in deferred) holds them once opened (uploaded, on a GPU).
-    deferred: only the owner receives the raw uint8 item and materialises it.
+    ``producers``: each frontend's ``(endpoint, handover)``; a rank fed by several reads
+    them through one ``ConsumerGroup``. eager: every rank receives every item's fp32
+    patches; the item's owner (the ``assign_owners`` rank, as in deferred) holds them once
+    opened (uploaded, on a GPU). deferred: only the owner receives the raw uint8 item and
+    materialises it.
     """
     from mmwire.materialize import Materializer, assign_owners
     from mmwire.transport import IndexMap
 
     torch.set_num_threads(1)  # N ranks share the host's cores; spinning OpenMP pools would fight
     on_gpu = device.startswith("cuda")
-    with _mmwire_session(rank, endpoint, handover, report) as (out, consumer):
+    with _group_session(rank, producers, report) as (out, consumer):
         if on_gpu:
-            consumer.register_with_cuda()
+            for member in consumer.members:
+                member.register_with_cuda()
         mat = Materializer(rank, device=device, gpu_decode=gpu_decode)
         _say(out, "ready", rank, "", 0.0)
         for rid, batch in _requests(consumer):

@@ -57,7 +57,6 @@ def consume(
                 time.sleep(3600)  # keep the lease until killed
             b.release()
         q.put(("done", rank))
-        time.sleep(1.0)  # let the releases leave before closing
 
 
 def wait_then_recv(rank: int, endpoint: str, handover: str, q: Any) -> None:
@@ -152,7 +151,7 @@ def gpu_consume(
                 q.put(("batch" if i == 0 else "last", rank, i, digests))
         torch.cuda.synchronize()
         q.put(("done", rank))
-        time.sleep(1.0)
+        time.sleep(1.0)  # the stream-ordered acks reach the producer before the pool closes
 
 
 def gpu_produce_then_hang(q: Any, kind: str) -> None:
@@ -192,7 +191,6 @@ def stall_then_consume(
                 got.append(i)
                 bad += b.open(GlobalIndex(0)).tobytes() != pattern(i)
         q.put(("received", rank, got, bad))
-        time.sleep(0.5)
 
 
 def stuck(rank: int, endpoint: str, handover: str, seconds: float, q: Any) -> None:

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from mmwire.bench._cli import main
@@ -180,3 +181,33 @@ def test_kernel_time_counts_overlapping_launches_once() -> None:
     assert _covered([(0, 10), (20, 25)]) == 15  # the gap between launches is not kernel time
     assert _covered([(0, 10), (5, 12), (2, 3), (30, 31)]) == 13  # overlapping: once
     assert _covered([(5, 12), (0, 10)]) == 12
+
+
+def test_capacity_search_finds_the_last_rate_within_the_bound() -> None:
+    from mmwire.bench._capacity import _search
+
+    limit = 37.0  # a way whose p99 passes the bound above 37 req/s
+
+    def cell(rate: float) -> dict[str, Any]:
+        return {"rate": rate, "ttft_s": [0.5 if rate <= limit else 2.0] * 5}
+
+    rate, rows = _search(cell, 5.0, 1.0)
+    assert [r["rate"] for r in rows] == [5.0, 10.0, 20.0, 40.0, 30.0, 35.0]
+    assert [r["within_bound"] for r in rows] == [True, True, True, False, True, True]
+    assert rate == 35.0  # doubled past the limit, then the gap 20..40 halved twice
+    never, rows = _search(lambda rate: {"ttft_s": [9.0]}, 5.0, 1.0)
+    assert never == 0.0 and len(rows) == 1  # not even the first rate: no search below it
+
+
+def test_capacity_runs_two_frontends_into_a_rank_that_reads_both(tmp_path: Path) -> None:
+    args = ["--out", str(tmp_path / "r"), "pipeline", "--capacity", "1", "--requests", "2"]
+    assert main([*args, "--frontends", "2", "--ranks", "1"]) == 0
+    (run,) = (tmp_path / "r").iterdir()
+    data = json.loads((run / "results.json").read_text())
+    assert {(r["frontends"], r["mode"]) for r in data["results"]} == {
+        (2, m) for m in ("eager", "raw", "encoded")
+    }
+    for r in data["results"]:  # no way meets 1 ms: every cell ran, was refused, and said so
+        assert r["sustained_rps"] == 0.0 and len(r["cells"]) == 1
+        assert all(len(c["ttft_s"]) == 2 and not c["within_bound"] for c in r["cells"])
+    assert "sustainable rate" in (run / "table.txt").read_text()
