@@ -52,3 +52,26 @@ def test_both_packages_share_one_errors_namespace() -> None:
     for n in errors.__all__:
         cls = getattr(errors, n)
         assert issubclass(cls, errors.MmwireError)
+
+
+def test_a_numpy_producer_and_rank_never_import_torch() -> None:
+    # a frontend and a CPU rank moving arrays and encoded bytes: importing torch would cost
+    # them seconds at start and hundreds of MB
+    code = """
+import sys
+import numpy as np
+from mmwire.transport import Consumer, GlobalIndex, Grid, Item, Producer
+with Producer(arena_size=1 << 22) as p, Consumer(0, p.endpoint, handover=p.handover_path) as c:
+    p.wait_for_consumers([0], 30)
+    data = np.arange(12, dtype=np.float32)
+    p.publish("a", [Item(data, consumers=(0,), kind="embedding", grid=Grid((1, 1)))])
+    with c.recv(30) as batch:
+        assert (batch.open(GlobalIndex(0)) == data).all()
+print("torch" in sys.modules)
+"""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "False"

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 from ._schema import TensorSpec
 
-__all__ = ["numpy_view", "torch_view"]
+__all__ = ["numpy_view", "torch_dtype", "torch_view"]
 
 _NUMPY: dict[str, np.dtype[Any]] = {
     name: np.dtype(name)
