@@ -690,7 +690,6 @@ def test_two_honest_ranks_get_every_byte_while_a_hostile_peer_attacks() -> None:
         assert sent > 50 and forged > 0
         assert settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
         assert settle(p, lambda: p.statistics().consumers == (0, 1), timeout=10)
-        time.sleep(0.5)
         assert settle(p, lambda: _fds() == fds, timeout=10)
         st = p.statistics()
         assert st.arena.bytes_in_use == start_free
