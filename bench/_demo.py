@@ -10,6 +10,7 @@ one unrecorded pass over the requests.
 
 from __future__ import annotations
 
+import itertools
 import os
 import statistics
 import time
@@ -250,14 +251,32 @@ def _tables(rows: list[dict[str, Any]], paths: list[str], reps: int) -> tuple[Ta
         box=box.SIMPLE_HEAD,
         padding=(0, 1),
     )
-    for col in ("path", "ms", "x mmwire", "MiB moved"):
+    for col in ("rank", "path", "ms", "x mmwire", "MiB moved"):
         summary.add_column(col, justify="left" if col == "path" else "right")
     total = {p: sum(statistics.median(r[f"{p}_ms"]) for r in rows) for p in paths}
-    for p in paths:
+    rank = ranking(total)
+    for p in sorted(paths, key=lambda p: total[p]):
         summary.add_row(
+            rank[p],
             p,
             f"{total[p]:.1f}",
             f"{total[p] / total['mmwire']:.1f}x",
             f"{sum(r[f'{p}_bytes'] for r in rows) / 2**20:.1f}",
         )
     return per_request, summary
+
+
+TIE = 0.05
+"""Paths whose totals are within 5 % of the next faster one share its rank: closer than
+that, a 2-core machine's noise orders them differently from run to run."""
+
+
+def ranking(total: dict[str, float]) -> dict[str, str]:
+    """Each path's place, fastest first; ``"2="`` for a place shared within ``TIE``."""
+    order = sorted(total, key=lambda p: total[p])
+    place = {order[0]: 1}
+    for before, p in itertools.pairwise(order):
+        tied = total[p] <= total[before] * (1 + TIE)
+        place[p] = place[before] if tied else order.index(p) + 1
+    shared = {n for n in place.values() if list(place.values()).count(n) > 1}
+    return {p: f"{n}=" if n in shared else str(n) for p, n in place.items()}

@@ -211,3 +211,15 @@ def test_capacity_runs_two_frontends_into_a_rank_that_reads_both(tmp_path: Path)
         assert r["sustained_rps"] == 0.0 and len(r["cells"]) == 1
         assert all(len(c["ttft_s"]) == 2 and not c["within_bound"] for c in r["cells"])
     assert "sustainable rate" in (run / "table.txt").read_text()
+
+
+def test_the_demo_ranks_paths_and_shares_a_place_within_five_percent() -> None:
+    from mmwire.bench._demo import ranking
+
+    assert ranking({"mmwire": 300.0, "oob": 400.0, "segment": 410.0, "pickle": 700.0}) == {
+        "mmwire": "1",
+        "oob": "2=",
+        "segment": "2=",
+        "pickle": "4",
+    }
+    assert ranking({"a": 100.0, "b": 104.0, "c": 108.0}) == {"a": "1=", "b": "1=", "c": "1="}
