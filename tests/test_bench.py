@@ -209,7 +209,7 @@ def test_capacity_runs_two_frontends_into_a_rank_that_reads_both(tmp_path: Path)
     }
     for r in data["results"]:  # no way meets 1 ms: every cell ran, was refused, and said so
         assert r["sustained_rps"] == 0.0 and len(r["cells"]) == 1
-        assert all(len(c["ttft_s"]) == 2 and not c["within_bound"] for c in r["cells"])
+        assert all(len(c["ttft_s"]) >= 2 and not c["within_bound"] for c in r["cells"])
     assert "sustainable rate" in (run / "table.txt").read_text()
 
 
