@@ -101,32 +101,6 @@ _IGNORED = frozenset(
 )
 
 
-# preprocessor_config.json keys that do not change an image's pixels or grid
-_IGNORED = frozenset(
-    {
-        "image_processor_type",
-        "processor_class",
-        "auto_map",
-        "feature_extractor_type",
-        "video_processor_type",
-        "do_sample_frames",
-        "fps",
-        "min_frames",
-        "max_frames",
-        "num_frames",
-        "return_metadata",
-        "input_data_format",
-        "data_format",
-        "return_tensors",
-        "device",
-        "default_to_square",
-        "disable_grouping",
-        "image_seq_length",
-        "model_type",
-    }
-)
-
-
 def spec_for(family: str, params: Mapping[str, Any] | None = None) -> KimiConfig | QwenVLConfig:
     """The spec of ``family`` (a key of :data:`FAMILIES`) for a checkpoint whose processor
     parameters are ``params`` (its ``preprocessor_config.json`` as a dict; omitted keys keep
