@@ -37,18 +37,22 @@ static void run_threads(const unsigned grid[2], const unsigned block[2], F kerne
   std::vector<mmwire_warp> warps(meets.size());
   for (size_t i = 0; i < warps.size(); ++i) warps[i].meet = &meets[i];
   mmwire_warps = warps.data();
-  for (unsigned bx = 0; bx < grid[0]; ++bx)
-    for (unsigned by = 0; by < grid[1]; ++by) {
-      blockIdx = {bx, by, 0};
-      std::vector<std::thread> threads;
-      for (unsigned ty = 0; ty < block[1]; ++ty)
-        for (unsigned tx = 0; tx < block[0]; ++tx)
-          threads.emplace_back([&, tx, ty] {
-            threadIdx = {tx, ty, 0};
+  // one thread per thread of a block, made once for the launch: each runs its part of
+  // every block in turn, and the block's barrier ends a block before the next reuses the
+  // block's shared memory
+  std::vector<std::thread> threads;
+  for (unsigned ty = 0; ty < block[1]; ++ty)
+    for (unsigned tx = 0; tx < block[0]; ++tx)
+      threads.emplace_back([&, tx, ty] {
+        threadIdx = {tx, ty, 0};
+        for (unsigned bx = 0; bx < grid[0]; ++bx)
+          for (unsigned by = 0; by < grid[1]; ++by) {
+            blockIdx = {bx, by, 0};
             kernel();
-          });
-      for (auto& t : threads) t.join();
-    }
+            barrier.arrive_and_wait();
+          }
+      });
+  for (auto& t : threads) t.join();
   mmwire_block_barrier = nullptr;
   mmwire_warps = nullptr;
 }

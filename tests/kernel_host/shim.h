@@ -24,8 +24,8 @@
 #define __align__(n) __attribute__((aligned(n)))
 
 struct mmwire_dim { unsigned x, y, z; };
-static mmwire_dim blockIdx = {0, 0, 0}, blockDim = {1, 1, 1}, gridDim = {1, 1, 1};
-static thread_local mmwire_dim threadIdx = {0, 0, 0};
+static mmwire_dim blockDim = {1, 1, 1}, gridDim = {1, 1, 1};
+static thread_local mmwire_dim blockIdx = {0, 0, 0}, threadIdx = {0, 0, 0};
 
 static std::barrier<>* mmwire_block_barrier = nullptr;
 static inline void __syncthreads() {
