@@ -1,8 +1,11 @@
 // The host build of kernels/pixels.cu (see shim.h), with C entry points for ctypes that
 // run a whole launch: every block of the grid in order; the threads of a block in order,
-// or (for the kernel with barriers) as real threads.
+// or (for the kernels with barriers) as fibers of this thread.
+#include <sys/mman.h>
+#include <ucontext.h>
+
+#include <cstdlib>
 #include <deque>
-#include <thread>
 #include <vector>
 
 #include "shim.h"
@@ -22,37 +25,76 @@ static void run(const unsigned grid[2], const unsigned block[2], F kernel) {
         }
 }
 
-// Every block in turn; its threads run at once and meet at __syncthreads.
+// The fibers of a block: each a thread of the block with its own stack and the per-thread
+// state the shim keeps in globals (threadIdx, blockIdx, pending cp.async copies), swapped
+// in when the scheduler resumes it.
+struct mmwire_fiber {
+  ucontext_t context;
+  mmwire_dim thread, block;
+  std::vector<std::pair<void*, const void*>> copies;
+  bool done = false;
+};
+static ucontext_t mmwire_scheduler;
+static mmwire_fiber* mmwire_running = nullptr;
+static void* mmwire_kernel = nullptr;
+
+static void mmwire_yield() { swapcontext(&mmwire_running->context, &mmwire_scheduler); }
+
+template <typename F>
+static void mmwire_fiber_main() {
+  (*static_cast<F*>(mmwire_kernel))();
+  mmwire_running->done = true;  // returning resumes the scheduler (uc_link)
+}
+
+// Every block in turn; its threads run as fibers that switch at each barrier.
 template <typename F>
 static void run_threads(const unsigned grid[2], const unsigned block[2], F kernel) {
   gridDim = {grid[0], grid[1], 1};
   blockDim = {block[0], block[1], 1};
   const unsigned n = block[0] * block[1];
   if (n == 0 || n > 1024) return;  // the Python side checks the shape
-  std::barrier<> barrier(n);
+  mmwire_barrier barrier(n);
   mmwire_block_barrier = &barrier;
   // warps of 32 consecutive threads (the last one shorter) for the tensor-core emulation
-  std::deque<std::barrier<>> meets;
+  std::deque<mmwire_barrier> meets;
   for (unsigned i = 0; i < n; i += 32) meets.emplace_back(std::min(32u, n - i));
   std::vector<mmwire_warp> warps(meets.size());
   for (size_t i = 0; i < warps.size(); ++i) warps[i].meet = &meets[i];
   mmwire_warps = warps.data();
-  // one thread per thread of a block, made once for the launch: each runs its part of
-  // every block in turn, and the block's barrier ends a block before the next reuses the
-  // block's shared memory
-  std::vector<std::thread> threads;
-  for (unsigned ty = 0; ty < block[1]; ++ty)
-    for (unsigned tx = 0; tx < block[0]; ++tx)
-      threads.emplace_back([&, tx, ty] {
-        threadIdx = {tx, ty, 0};
-        for (unsigned bx = 0; bx < grid[0]; ++bx)
-          for (unsigned by = 0; by < grid[1]; ++by) {
-            blockIdx = {bx, by, 0};
-            kernel();
-            barrier.arrive_and_wait();
-          }
-      });
-  for (auto& t : threads) t.join();
+  mmwire_kernel = &kernel;
+  constexpr size_t stack = 256 << 10;  // touched only as deep as a kernel goes
+  void* stacks = mmap(nullptr, stack * n, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (stacks == MAP_FAILED) std::abort();
+  std::vector<mmwire_fiber> fibers(n);
+  for (unsigned bx = 0; bx < grid[0]; ++bx)
+    for (unsigned by = 0; by < grid[1]; ++by) {
+      for (unsigned k = 0; k < n; ++k) {
+        mmwire_fiber& f = fibers[k];
+        f.thread = {k % block[0], k / block[0], 0};
+        f.block = {bx, by, 0};
+        f.done = false;
+        getcontext(&f.context);
+        f.context.uc_stack.ss_sp = static_cast<char*>(stacks) + k * stack;
+        f.context.uc_stack.ss_size = stack;
+        f.context.uc_link = &mmwire_scheduler;
+        makecontext(&f.context, mmwire_fiber_main<F>, 0);
+      }
+      for (unsigned left = n; left > 0;) {  // round robin until every thread returned
+        for (mmwire_fiber& f : fibers) {
+          if (f.done) continue;
+          mmwire_running = &f;
+          threadIdx = f.thread;
+          blockIdx = f.block;
+          std::swap(mmwire_copies, f.copies);
+          swapcontext(&mmwire_scheduler, &f.context);
+          std::swap(mmwire_copies, f.copies);
+          left -= f.done;
+        }
+      }
+    }
+  munmap(stacks, stack * n);
+  mmwire_running = nullptr;
   mmwire_block_barrier = nullptr;
   mmwire_warps = nullptr;
 }

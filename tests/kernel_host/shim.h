@@ -1,13 +1,13 @@
 // Lets kernels/pixels.cu compile as plain C++ so CI can run the kernels' own code on the
 // CPU. driver.cpp runs the blocks of a launch in turn; the threads of one block run either
-// in turn (kernels without barriers) or as real threads meeting at a std::barrier for
-// __syncthreads, with __shared__ variables shared between them as on the GPU. Float
+// in turn (kernels without barriers) or as fibers (ucontext) of one OS thread that switch
+// at each barrier (__syncthreads, a warp's meeting), with __shared__ variables shared
+// between them as on the GPU: a switch costs no wake-up of another thread. Float
 // operations are IEEE single precision (the build uses -ffp-contract=off), like the *_rn
 // intrinsics.
 #pragma once
 #include <algorithm>
 #include <atomic>
-#include <barrier>
 #include <cmath>
 #include <cstring>
 #include <utility>
@@ -25,9 +25,27 @@
 
 struct mmwire_dim { unsigned x, y, z; };
 static mmwire_dim blockDim = {1, 1, 1}, gridDim = {1, 1, 1};
-static thread_local mmwire_dim blockIdx = {0, 0, 0}, threadIdx = {0, 0, 0};
+static mmwire_dim blockIdx = {0, 0, 0}, threadIdx = {0, 0, 0};  // the running fiber's
 
-static std::barrier<>* mmwire_block_barrier = nullptr;
+// A barrier of fibers: the last to arrive goes on; the others give the CPU back to the
+// driver's scheduler (mmwire_yield) until the barrier's generation moves.
+static void mmwire_yield();
+struct mmwire_barrier {
+  unsigned count, arrived = 0;
+  unsigned long generation = 0;
+  explicit mmwire_barrier(unsigned n) : count(n) {}
+  void arrive_and_wait() {
+    const unsigned long mine = generation;
+    if (++arrived == count) {
+      arrived = 0;
+      ++generation;
+      return;
+    }
+    while (generation == mine) mmwire_yield();
+  }
+};
+
+static mmwire_barrier* mmwire_block_barrier = nullptr;
 static inline void __syncthreads() {
   if (mmwire_block_barrier != nullptr) mmwire_block_barrier->arrive_and_wait();
 }
@@ -120,7 +138,7 @@ static inline unsigned pack_halves(float lo, float hi) {
 // a2 (g, 16 + 4t..), a3 (g + 8, 16 + 4t..); B: b0 (4t.., g), b1 (16 + 4t.., g); D: d0, d1
 // (g, 2t, 2t + 1), d2, d3 (g + 8, ...)).
 struct mmwire_warp {
-  std::barrier<>* meet;
+  mmwire_barrier* meet;
   unsigned a[32][4];
   unsigned b[32][2];
 };
@@ -155,7 +173,7 @@ static inline void mma_k32(int (&d)[4], const unsigned (&a)[4], unsigned b0, uns
 // copy_wait, the last moment the GPU's may land; until then shared memory holds what was
 // there, so a read that does not wait for the copies (its own thread's copy_wait, then the
 // block's barrier for the others') gets wrong bytes here too.
-static thread_local std::vector<std::pair<void*, const void*>> mmwire_copies;
+static std::vector<std::pair<void*, const void*>> mmwire_copies;  // the running fiber's
 static inline void copy16(void* smem, const void* global) {
   mmwire_copies.emplace_back(smem, global);
 }
