@@ -47,3 +47,11 @@ def pair(request: pytest.FixtureRequest) -> Iterator[tuple[Producer, Consumer]]:
 
 def photo_path(name: str) -> Path:
     return DATA / name
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto`` (the default) on every core, except for ``-m gpu``: the GPU tests share
+    one device and time its handovers, so they run in one process."""
+    if "gpu" in str(config.getoption("markexpr") or ""):
+        return 0
+    return None
