@@ -5,15 +5,20 @@ not one."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
-from mmwire.transport import Grid, Processor, ResizePlan
-from mmwire.transport.errors import MaterializeError
+from mmwire.transport import Processor, ResizePlan
 
 from ._params import leftover
-from ._qwen import MAX_ASPECT_RATIO, QwenVLConfig, windowed_fields
+from ._qwen import (
+    QwenVLConfig,
+    check_aspect,
+    check_size,
+    fit_area,
+    windowed_fields,
+    windowed_plan,
+)
 
 __all__ = ["Glm4vConfig", "glm_config", "glm_smart_resize", "plan_glm_resize"]
 
@@ -33,30 +38,21 @@ def glm_smart_resize(
     up (truncating), then each side rounds to a multiple of ``factor`` and the area of
     ``temporal_factor`` frames is kept within ``[min_pixels, max_pixels]``. Raises
     ``MaterializeError`` for an aspect ratio over 200."""
-    if width <= 0 or height <= 0:
-        raise MaterializeError(f"image size must be positive, got {width}x{height}")
-    frames = temporal_factor
+    check_size(height, width)
     if height < factor or width < factor:
         scale = max(factor / height, factor / width)
         height = int(height * scale)
         width = int(width * scale)
-    if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
-        raise MaterializeError(
-            f"absolute aspect ratio must be smaller than {MAX_ASPECT_RATIO}, got "
-            f"{max(height, width) / min(height, width)} ({width}x{height})"
-        )
-    h_bar = round(height / factor) * factor
-    w_bar = round(width / factor) * factor
-    t_bar = round(frames / temporal_factor) * temporal_factor
-    if t_bar * h_bar * w_bar > max_pixels:
-        beta = math.sqrt((frames * height * width) / max_pixels)
-        h_bar = max(factor, math.floor(height / beta / factor) * factor)
-        w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif t_bar * h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width * frames))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
+    check_aspect(height, width)
+    # the reference rounds num_frames (the temporal factor) to a multiple of itself
+    return fit_area(
+        height,
+        width,
+        factor=factor,
+        min_pixels=min_pixels,
+        max_pixels=max_pixels,
+        frames=temporal_factor,
+    )
 
 
 def plan_glm_resize(
@@ -79,17 +75,7 @@ def plan_glm_resize(
         max_pixels=max_pixels,
         temporal_factor=temporal_patch_size,
     )
-    gh, gw = new_h // patch_size, new_w // patch_size
-    return ResizePlan(
-        width=width,
-        height=height,
-        new_width=new_w,
-        new_height=new_h,
-        pad_width=0,
-        pad_height=0,
-        grid=Grid((1, gh, gw)),
-        tokens=gh * gw // (merge_size * merge_size),
-    )
+    return windowed_plan(width, height, new_h, new_w, patch_size=patch_size, merge_size=merge_size)
 
 
 @dataclass(frozen=True)

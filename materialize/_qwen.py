@@ -18,10 +18,14 @@ __all__ = [
     "OPENAI_CLIP_MEAN",
     "OPENAI_CLIP_STD",
     "QwenVLConfig",
+    "check_aspect",
+    "check_size",
+    "fit_area",
     "plan_smart_resize",
     "qwen_config",
     "smart_resize",
     "windowed_fields",
+    "windowed_plan",
 ]
 
 MAX_ASPECT_RATIO = 200
@@ -39,24 +43,63 @@ def smart_resize(
     within ``[min_pixels, max_pixels]`` where it can be, the aspect ratio kept as closely as
     that allows (transformers' ``smart_resize``, operation for operation: Python's ``round``
     takes halves to even). Raises ``MaterializeError`` for an aspect ratio over 200."""
+    check_size(height, width)
+    check_aspect(height, width)
+    return fit_area(height, width, factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)
+
+
+def check_size(height: int, width: int) -> None:
+    """``MaterializeError`` for a side that is not positive."""
     if width <= 0 or height <= 0:
         raise MaterializeError(f"image size must be positive, got {width}x{height}")
+
+
+def check_aspect(height: int, width: int) -> None:
+    """``MaterializeError`` for an aspect ratio over ``MAX_ASPECT_RATIO``, in transformers'
+    words."""
     if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
         raise MaterializeError(
             f"absolute aspect ratio must be smaller than {MAX_ASPECT_RATIO}, got "
             f"{max(height, width) / min(height, width)} ({width}x{height})"
         )
+
+
+def fit_area(
+    height: int, width: int, *, factor: int, min_pixels: int, max_pixels: int, frames: int = 1
+) -> tuple[int, int]:
+    """The step Qwen-VL's and GLM-4V's ``smart_resize`` share: each side rounded to a
+    multiple of ``factor`` (halves to even), then, if ``frames`` frames of that size fall
+    outside ``[min_pixels, max_pixels]``, both sides scaled by the same factor beta and
+    floored (too large) or ceiled (too small) to multiples of ``factor``."""
     h_bar = round(height / factor) * factor
     w_bar = round(width / factor) * factor
-    if h_bar * w_bar > max_pixels:
-        beta = math.sqrt((height * width) / max_pixels)
+    if frames * h_bar * w_bar > max_pixels:
+        beta = math.sqrt((frames * height * width) / max_pixels)
         h_bar = max(factor, math.floor(height / beta / factor) * factor)
         w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
+    elif frames * h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width * frames))
         h_bar = math.ceil(height * beta / factor) * factor
         w_bar = math.ceil(width * beta / factor) * factor
     return h_bar, w_bar
+
+
+def windowed_plan(
+    width: int, height: int, new_height: int, new_width: int, *, patch_size: int, merge_size: int
+) -> ResizePlan:
+    """The plan of a ``width x height`` image resized to ``new_width x new_height`` with
+    Qwen-VL's rows: no padding, grid ``(1, H/p, W/p)``, ``h·w / m²`` tokens."""
+    gh, gw = new_height // patch_size, new_width // patch_size
+    return ResizePlan(
+        width=width,
+        height=height,
+        new_width=new_width,
+        new_height=new_height,
+        pad_width=0,
+        pad_height=0,
+        grid=Grid((1, gh, gw)),
+        tokens=gh * gw // (merge_size * merge_size),
+    )
 
 
 def plan_smart_resize(
@@ -74,17 +117,7 @@ def plan_smart_resize(
     new_h, new_w = smart_resize(
         height, width, factor=f, min_pixels=min_pixels, max_pixels=max_pixels
     )
-    gh, gw = new_h // patch_size, new_w // patch_size
-    return ResizePlan(
-        width=width,
-        height=height,
-        new_width=new_w,
-        new_height=new_h,
-        pad_width=0,
-        pad_height=0,
-        grid=Grid((1, gh, gw)),
-        tokens=gh * gw // (merge_size * merge_size),
-    )
+    return windowed_plan(width, height, new_h, new_w, patch_size=patch_size, merge_size=merge_size)
 
 
 @dataclass(frozen=True)
