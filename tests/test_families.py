@@ -52,7 +52,7 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 def _assert_exact(
     images: list[Any], family: str, params: dict[str, Any], dtype: torch.dtype
 ) -> None:
-    want_pv, want_grid = qwen_reference(images, params, dtype)
+    want_pv, want_grid = qwen_reference(images, params, dtype, family=family)
     got_pv, got_grid = preprocess_images(images, spec_for(family, params), dtype=dtype)
     assert torch.equal(got_grid, want_grid)
     assert got_pv.shape == want_pv.shape and got_pv.dtype == want_pv.dtype

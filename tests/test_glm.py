@@ -18,21 +18,14 @@ from mmwire.materialize import FAMILIES, Glm4vConfig, preprocess_images, should_
 from mmwire.transport.errors import ConfigurationError, GridMismatch, MaterializeError
 from oracle import GLM_PARAMS, Glm4vImageProcessorPil, qwen_reference, reference_processor
 from PIL import Image
+from test_families import _assert_exact as assert_exact
 from test_families import _modes
 
 GLM = tuple(GLM_PARAMS)
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.int16) if t.dtype == torch.bfloat16 else t.view(torch.int32)
-
-
 def _assert_exact(images: list[Any], params: dict[str, Any], dtype: torch.dtype) -> None:
-    want_pv, want_grid = qwen_reference(images, params, dtype, family="glm-4v")
-    got_pv, got_grid = preprocess_images(images, spec_for("glm-4v", params), dtype=dtype)
-    assert torch.equal(got_grid, want_grid)
-    assert got_pv.shape == want_pv.shape and got_pv.dtype == want_pv.dtype
-    assert int((_bits(got_pv) != _bits(want_pv)).sum()) == 0
+    assert_exact(images, "glm-4v", params, dtype)
 
 
 def _with_pixels(family: str, lo: int, hi: int) -> dict[str, Any]:
