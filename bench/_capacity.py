@@ -16,15 +16,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from mmwire.materialize import KimiConfig, preprocess_images
-from mmwire.transport import Grid, Item, Producer
+from mmwire.transport import Producer
 from rich.console import Console
 from rich.table import Table
 
 from . import _workers
 from ._harness import Ranks
-from ._pipeline import _drop_ranks, _requests, _run, _ways
+from ._pipeline import _drop_ranks, _requests, _run, _ways, stop_ranks
 from ._report import percentile, write_run
 
 __all__ = ["render_capacity", "run_capacity"]
@@ -93,8 +92,7 @@ def _sustained(
             return _run(mode, cycled, rate, pool, producers, ranks, cfg, seed=100)
 
         found = _search(cell, start, bound_s)
-        stop = Item(np.zeros(1, np.uint8), (0,), kind="embedding", grid=Grid((1, 1)))
-        producers[0].publish("stop", [stop])  # every rank sees it and leaves
+        stop_ranks(producers[0])
         return found
     finally:
         pool.close()

@@ -235,13 +235,7 @@ def run_pipeline(
                         row.update(rate_x_capacity=x, device=device, gpu_decode=gpu_decode)
                         rows.append(row)
                         progress.advance(task)
-                    stop = Item(
-                        data=np.zeros(1, np.uint8),
-                        consumers=(0,),
-                        kind="embedding",
-                        grid=Grid((1, 1)),
-                    )
-                    producer.publish("stop", [stop])  # every rank sees it and leaves
+                    stop_ranks(producer)
                 finally:
                     pool.close()
                     _drop_ranks(producer, ranks)
@@ -378,6 +372,12 @@ def render_table(payload: dict[str, Any]) -> Table:
             f"{eager / p50:.1f}x" if eager and r["mode"] != "eager" else "",
         )
     return table
+
+
+def stop_ranks(producer: Producer) -> None:
+    """Publish the 'stop' request: every rank sees it and leaves."""
+    stop = Item(data=np.zeros(1, np.uint8), consumers=(0,), kind="embedding", grid=Grid((1, 1)))
+    producer.publish("stop", [stop])
 
 
 def _drop_ranks(producer: Producer, ranks: int) -> None:
