@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import time
@@ -240,10 +241,16 @@ def hostile(endpoint: str, handover: str, seconds: float, seed: int, q: Any) -> 
     q.put(("hostile-spying",))
 
     def forge_from_spy() -> int:
-        """Release, from rank 7's own member, the leases it sees in other ranks' items."""
+        """Release, from rank 7's own member, the leases it sees in other ranks' items;
+        answer its lane with false acknowledgements and garbage."""
         n = 0
-        while spy._sock.poll(0):
-            batch = spy.decode(spy._sock.recv_multipart())
+        lane = spy._lane
+        assert lane is not None
+        while (frames := spy._from_lane()) is not None:
+            batch = spy.decode(frames)
+            with contextlib.suppress(OSError):
+                lane.sock.send(struct.pack("<cQ", b"A", rnd.choice([0, 2**63, 2**64 - 1])))
+                lane.sock.send(rnd.randbytes(rnd.randrange(1, 64)))
             for env in batch.envelopes.values():
                 if isinstance(env.payload, CpuRef):
                     body = msgspec.msgpack.encode(

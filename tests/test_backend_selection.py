@@ -62,7 +62,10 @@ def test_pool_offer_travels_in_the_handover(tmp_path: object, kind: str) -> None
     server = HandoverServer(
         f"{tmp_path}/h.sock",
         [arena_r, pool_r] if kind == "posix_fd" else [arena_r],
-        lambda hello, pid: Offer(arena_id="arena-id", size=4096, member=b"s" * 16, pool=offer),
+        lambda hello, pid: (
+            Offer(arena_id="arena-id", size=4096, member=b"s" * 16, pool=offer),
+            [],
+        ),
         gone.append,
     )
     try:

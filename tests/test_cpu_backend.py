@@ -396,3 +396,16 @@ def test_publish_accepts_tensors_pil_and_encoded_bytes(
     # the consumer's release reaches the producer asynchronously
     assert settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
     assert p.statistics().arena.leases_outstanding == 0
+
+
+def test_a_big_endian_array_arrives_with_its_values(pair: tuple[Producer, Consumer]) -> None:
+    """The wire's dtypes are the hosts' byte order: a big-endian array is converted once."""
+    p, c = pair
+    values = np.arange(-50, 50, dtype=">i4").reshape(10, 10)
+    envs = p.publish(
+        "be", [Item(data=values, consumers=(0,), kind="processed", grid=Grid((1, 10)))]
+    )
+    assert envs[0].tensor.dtype == "int32"
+    with c.recv(5) as batch:
+        got = batch.open(GlobalIndex(0))
+        assert got.dtype == np.dtype("int32") and np.array_equal(got, values)

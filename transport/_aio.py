@@ -76,9 +76,19 @@ class AsyncConsumer:
         self.group = ConsumerGroup(rank, producers, **options)
         self.rank = rank
         self._poller = zmq.asyncio.Poller()
+        self._lanes: set[int] = set()  # the lane descriptors the poller watches
         for m in self.group.members:
             m._loop = loop
             self._poller.register(zmq.asyncio.Socket.from_socket(m._sock), zmq.POLLIN)
+
+    def _watch_lanes(self) -> None:
+        """Watch each member's lane while its next batch may come there."""
+        wanted = {fd for m in self.group.members if (fd := m.lane_fd()) is not None}
+        for fd in self._lanes - wanted:
+            self._poller.unregister(fd)
+        for fd in wanted - self._lanes:
+            self._poller.register(fd, zmq.POLLIN)
+        self._lanes = wanted
 
     def try_recv(self) -> ReceivedBatch | None:
         """The next waiting batch, or ``None``; never waits (see ``ConsumerGroup``)."""
@@ -103,6 +113,7 @@ class AsyncConsumer:
                 if left <= 0:
                     raise WaitTimeout(self.group.waited_in_vain(timeout))
                 wait = min(wait, max(1, int(left * 1000)))
+            self._watch_lanes()
             await self._poller.poll(wait)
 
     def close(self) -> None:

@@ -12,14 +12,22 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Collection, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import zmq
 
 from ._control import NOTICE, CurveKeys
 from .errors import ConfigurationError
 
-__all__ = ["Channel", "check_security"]
+__all__ = ["Channel", "Message", "check_security"]
+
+
+class Message(NamedTuple):
+    """A message from a peer: its frames (the first is the peer's identity), and the
+    sender's CURVE public key when the channel has CURVE."""
+
+    frames: list[bytes]
+    key: bytes | None
 
 
 def check_security(endpoint: str, curve: CurveKeys | None, allow_insecure_tcp: bool) -> None:
@@ -119,13 +127,21 @@ class Channel:
             return False  # EHOSTUNREACH: no such peer any more
         return True
 
-    def messages(self) -> Iterator[list[zmq.Frame]]:
-        """The messages waiting now, as frames."""
+    def messages(self) -> Iterator[Message]:
+        """The messages waiting now. Control messages are a few bytes, which zmq hands over
+        faster as bytes than as frames; under CURVE the frames are kept for the
+        sender's key."""
+        curve = self._auth is not None
         while int(self.sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
             try:
-                yield self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=not curve)
             except zmq.Again:
                 return
+            key = None
+            if curve and len(frames) > 1 and isinstance(frames[1], zmq.Frame):
+                with contextlib.suppress(Exception):
+                    key = str(frames[1].get("User-Id")).encode()
+            yield Message([f if isinstance(f, bytes) else f.bytes for f in frames], key)
 
     def disconnected(self) -> bool:
         """Whether a peer disconnected since the last call (tcp only)."""

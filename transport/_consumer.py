@@ -4,9 +4,10 @@ Layout
 ------
 The channel and its messages are the producer's (``_producer.py``); the member rules are
 ``_control.py``'s. A consumer on the producer's host receives the arena once over the
-handover socket (``_handover.py``) with a member token, and joins the channel with it; a
-consumer on another host (``handover=None``) joins without one and receives the payloads of
-its own items as inline frames, through the same API.
+handover socket (``_handover.py``) with a member token and the end of its lane, on which its
+batches arrive (``_lane.py``), and joins the channel with it; a consumer on another host
+(``handover=None``) joins without one and receives its batches on the channel, with the
+payloads of its own items as inline frames, through the same API.
 
 States
 ------
@@ -62,6 +63,7 @@ from ._control import ENCODER, NOTICE, CurveKeys, Done, Join, Release
 from ._gpu import ConsumerDevice
 from ._handover import check_rank, receive_arena
 from ._index import GlobalIndex, GlobalTable
+from ._lane import LaneReader
 from ._mooncake import TRANSFER_OFFER, MooncakeTransfer, PulledItems, Puller, decode_offer
 from ._pinning import pin_host, unpin_host
 from ._schema import CpuRef, CudaIpcRef, FabricRef, FeatureEnvelope, InlineRef
@@ -70,6 +72,7 @@ from .errors import (
     BackendUnavailable,
     ClosedResourceError,
     ConfigurationError,
+    FrameError,
     HandoverRefused,
     MmwireError,
     NotAConsumer,
@@ -181,12 +184,17 @@ class Consumer:
             dev = torch.device(device)
         self._device = ConsumerDevice(None, None, dev)
         member = b""
+        self._lane: LaneReader | None = None
+        self._on_channel = 0  # batches the lane announced on the channel, not yet taken
+        self._poll_fd: select.epoll | None = None
         if handover is not None:
             h = receive_arena(handover, rank, replace=replace)
             self._handover_conn = h.conn
             self._mapping = _Mapping(h.fd, h.arena_id, h.size)
             self._device = ConsumerDevice(h.pool, h.pool_fd, dev)
             member = h.member
+            if h.lane_fd is not None:
+                self._lane = LaneReader(h.lane_fd, min(h.lane_backlog, max_backlog))
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -210,10 +218,11 @@ class Consumer:
             member=member,
             replace=replace,
             pull=self._puller is not None,
+            backlog=max_backlog,
         )
         self._sock.send(ENCODER.encode(join))
         self._batches = 0
-        self._received = 0  # batches taken off the channel: their numbers, for ``Done``
+        self._received = 0  # batches taken (lane or channel): their numbers, for ``Done``
         self._heard = False  # anything at all came from the producer
         self._opened = 0
         self._opened_bytes = 0
@@ -223,7 +232,7 @@ class Consumer:
     def producer_alive(self) -> bool:
         """False once the producer's handover connection has closed (it died, closed, or
         ended this process's member), or it sent a notice that this member ended."""
-        if self._cut_off is not None:
+        if self._cut_off is not None or (self._lane is not None and self._lane.ended):
             return False
         conn = self._handover_conn
         if conn is None:
@@ -270,12 +279,34 @@ class Consumer:
         """A descriptor an engine's own poller (``select``, ``selectors``, ``zmq.Poller``)
         can wait on for this consumer's batches.
 
-        It is zmq's edge-triggered ``ZMQ_FD``: readable means "call :meth:`try_recv`", and
-        it may stay quiet for batches that were already waiting. So call ``try_recv`` until
-        it returns ``None`` before each wait, and wait with a timeout.
+        Readable means "call :meth:`try_recv`"; it may stay quiet for batches that were
+        already waiting (zmq's ``ZMQ_FD`` is edge-triggered). So call ``try_recv`` until it
+        returns ``None`` before each wait, and wait with a timeout. A rank on the
+        producer's host gets an epoll descriptor watching both its lane and the channel
+        (while a batch its lane announced is on its way through the channel, the lane
+        reads ready: that lasts one zmq delivery, for a rare batch with frames of its own).
         """
         self._check_open()
-        return int(self._sock.getsockopt(zmq.FD))
+        channel = int(self._sock.getsockopt(zmq.FD))
+        if self._lane is None:
+            return channel
+        if self._poll_fd is None:
+            self._poll_fd = select.epoll()
+            self._poll_fd.register(self._lane.fileno(), select.EPOLLIN)
+            self._poll_fd.register(channel, select.EPOLLIN)
+        return self._poll_fd.fileno()
+
+    def _from_lane(self) -> list[Any] | None:
+        """The frames of the next batch on the lane, if one waits there (``None`` when the
+        lane announced one on the channel: take that first)."""
+        lane = self._lane
+        if lane is None or self._on_channel:
+            return None
+        got = lane.take()
+        if got is True:
+            self._on_channel += 1
+            return None
+        return None if got is None or got is False else [got]
 
     def _take(self, wait_ms: int) -> ReceivedBatch | None:
         """One batch waiting within ``wait_ms``, or ``None`` (pings are skipped)."""
@@ -284,9 +315,20 @@ class Consumer:
                 if self.closed:
                     raise ClosedResourceError(f"Consumer rank {self.rank} was closed")
                 self._flush_locked()
-                if not self._sock.poll(wait_ms, zmq.POLLIN):
-                    return None
-                frames = self._sock.recv_multipart(copy=False)
+                broken: FrameError | None = None
+                try:
+                    frames = self._from_lane()
+                except FrameError as e:  # a malformed packet: one batch, refused below
+                    frames, broken = [], e
+                if frames is None:
+                    try:  # a batch already waiting costs no poll
+                        frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                    except zmq.Again:
+                        if not wait_ms or not self._wait(wait_ms):
+                            return None
+                        continue
+                    if len(frames) != 2 or frames[0].bytes not in (TRANSFER_OFFER, NOTICE):
+                        self._on_channel = max(0, self._on_channel - 1)
             self._heard = True
             if len(frames) == 2 and frames[0].bytes == TRANSFER_OFFER and self._puller:
                 self._puller.offer = decode_offer(frames[1].bytes)
@@ -302,6 +344,8 @@ class Consumer:
             self._received += 1
             seq = self._received
             try:
+                if broken is not None:
+                    raise broken
                 batch = self.decode(frames)
             except MmwireError as e:  # the producer reports the request lost, and why
                 why = f"{type(e).__name__}: {e}"[:160]
@@ -311,6 +355,29 @@ class Consumer:
             if batch.owned:
                 batch._seq = seq
             return batch
+
+    def wait_fds(self) -> list[int]:
+        """The descriptors to wait on for this consumer's next batch: the channel's (zmq's,
+        edge-triggered: wait with a timeout), and its lane's while a batch may come there."""
+        lane = self.lane_fd()
+        channel = int(self._sock.getsockopt(zmq.FD))
+        return [channel] if lane is None else [channel, lane]
+
+    def lane_fd(self) -> int | None:
+        """The lane's descriptor while the next batch may come on it: a poller watches it
+        beside the channel (not while a batch it announced is awaited on the channel)."""
+        lane = self._lane
+        if lane is None or self._on_channel or lane.ended or self.closed:
+            return None
+        return lane.fileno()
+
+    def _wait(self, wait_ms: int) -> bool:
+        """Wait up to ``wait_ms`` for the channel, or the lane when it is next."""
+        watched: list[tuple[Any, int]] = [(self._sock, zmq.POLLIN)]
+        lane = self.lane_fd()
+        if lane is not None:
+            watched.append((lane, zmq.POLLIN))
+        return bool(zmq.zmq_poll(watched, wait_ms))
 
     def waited_in_vain(self, timeout: float | None) -> str:
         """Why a wait of ``timeout`` s for a batch came back empty, for a ``WaitTimeout``."""
@@ -505,6 +572,10 @@ class Consumer:
             # before closing is not reported lost; a producer that is gone costs that moment
             self._sock.close(linger=_CLOSE_LINGER_MS)
         self._ctx.term()
+        if self._lane is not None:
+            self._lane.close()
+        if self._poll_fd is not None:
+            self._poll_fd.close()
         if self._handover_conn is not None:
             self._handover_conn.close()
         if self._mapping is not None and self._mapping.registered:

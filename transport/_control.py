@@ -46,6 +46,7 @@ import msgspec
 import zmq
 
 from ._handover import MAX_RANKS
+from ._lane import Lane
 
 __all__ = [
     "NOTICE",
@@ -72,6 +73,8 @@ class Join(msgspec.Struct, frozen=True, tag=True):
     replace: bool = False
     pull: bool = False
     """A remote consumer that reads its payloads through the producer's transfer engine."""
+    backlog: Annotated[int, msgspec.Meta(ge=0)] = 0
+    """The batches it queues before the producer waits for it (0: the producer's bound)."""
 
 
 class Release(msgspec.Struct, frozen=True, tag=True):
@@ -148,6 +151,12 @@ class Member:
     """It reads payloads from the arena (else they travel to it as frames)."""
     pulls: bool = False
     """A remote member that reads its payloads through the transfer engine."""
+    lane: Lane | None = None
+    """Its own lane for batches (a local member; ``_lane.py``)."""
+    announced: bool = False
+    """Its lane announced a batch that is still to go on the channel (its queue was full)."""
+    closing: bool = False
+    """Its lane broke (its process is closing): it misses batches until it ends."""
     gone: bool = False
     sent: int = 0
     """Batches sent to it."""
@@ -282,10 +291,10 @@ class Members:
         return self._by_rank.get(rank)
 
     def joined(self) -> Iterator[Member]:
-        """Every joined member, by rank."""
+        """Every joined member, by rank (not those whose process is closing)."""
         for rank in sorted(self._by_rank):
             s = self._by_rank[rank]
-            if s.ident is not None:
+            if s.ident is not None and not s.closing:
                 yield s
 
     def expire(self, join_timeout: float) -> None:

@@ -1,6 +1,8 @@
 """Sending one request's batch to every joined member.
 
-Each member gets the shared frames (its items are in memory it maps), or its own: a
+Each member gets the shared frames (its items are in memory it maps), on its lane when it
+is on this host (``_lane.py``; a batch with frames of its own is announced there and sent
+on the channel), or its own frames: a
 remote rank's owned payloads as zero-copy frames of the arena (the lease stays pending
 for it until zmq reports them sent), or a pulling rank's references into the transfer
 window. A member whose queue is full is waited for, up to ``slow_consumer_timeout``, and
@@ -25,6 +27,7 @@ import zmq
 from ._arena import Arena, Lease
 from ._codec import encode_batch
 from ._control import Member
+from ._lane import MAX_PACKET
 from ._membership import Roster
 from ._schema import CpuRef, FeatureEnvelope, InlineRef
 from .errors import PeerGone
@@ -113,7 +116,8 @@ class Delivery:
             owned = request_id if s.rank in owners else None
             if not self._try_send(s, frames, track, holds, owned):
                 sending.waiting.append((s, frames, track, owned))
-        sending.missed = [s for s in targets if s.gone]  # its connection was gone when sent to
+        # its connection was gone when sent to, or its process is closing
+        sending.missed = [s for s in targets if s.gone or s.closing]
         return sending
 
     def wait_out(self, sending: Sending) -> list[Member]:
@@ -132,6 +136,7 @@ class Delivery:
                 for w in waiting
                 if not w[0].gone and not self._try_send(w[0], *w[1:3], holds, w[3])
             ]
+            missed += [w[0] for w in sending.waiting if w[0].closing and w[0] not in missed]
             if waiting and time.monotonic() > deadline:
                 for s, *_ in waiting:
                     self.roster.evict(
@@ -181,12 +186,28 @@ class Delivery:
         """Queue a batch for a member; False if its queue is full (nothing was sent). A
         member whose connection is gone is ended (and the batch not sent). ``owned``: the
         request id, if the member owns items of it (it stays outstanding until ``Done``)."""
+        if s.closing:
+            return True  # missed: its process is closing
+        tracker = None
         try:
-            tracker = self.roster.channel.send(s.ident or b"", frames, track=track)
+            if s.lane is None or not s.shared:
+                tracker = self.roster.channel.send(s.ident or b"", frames, track=track)
+            elif len(frames) == 1 and len(frames[0]) < MAX_PACKET:
+                if not s.lane.send(frames[0]):
+                    return False
+            else:  # frames of its own, or a huge header: on the channel, in its turn
+                if not s.announced and not s.lane.announce():
+                    return False
+                s.announced = True
+                tracker = self.roster.channel.send(s.ident or b"", frames, track=track)
+                s.announced = False
         except zmq.Again:
             return False
         except zmq.ZMQError as e:  # EHOSTUNREACH: its connection is gone
             self.roster.members.end(s, f"its channel connection is gone ({e})")
+            return True
+        except OSError as e:  # its end of the lane is closed
+            self.roster.lane_broke(s, e)
             return True
         s.sent += 1
         if owned is not None:

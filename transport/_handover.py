@@ -5,8 +5,9 @@ Layout
 One stream connection per consumer process, kept open for its whole life::
 
     consumer -> producer   msgpack Hello{rank, pid, replace}
-    producer -> consumer   msgpack Offer{arena_id, size, member, pool} + SCM_RIGHTS [memfd]
-                                                   (+ the pool's fd for a posix_fd pool)
+    producer -> consumer   msgpack Offer{arena_id, size, member, pool, lane}
+                           + SCM_RIGHTS [memfd (+ the pool's fd for a posix_fd pool)
+                                         (+ the process's end of its lane)]
                      or    msgpack Refusal{reason}, then close
 
 Every message is a little-endian u32 length and that many bytes of msgpack. The socket is
@@ -30,7 +31,7 @@ EOF and reports ``PeerGone``.
 
 Invariants
 ----------
-One arena fd (and at most one pool fd) per producer per consumer process, never one per
+One arena fd (and at most one pool fd and one lane) per producer per consumer process, never one per
 tensor (no ``ancdata`` exhaustion); ``pidfd_getfd`` is never used (it fails in unprivileged
 containers); nothing a peer sends can stop the thread (every error is per connection).
 
@@ -95,6 +96,9 @@ class Offer(msgspec.Struct, frozen=True, tag=True):
     """The token this process joins the channel with; it ties leases to this process."""
     pool: PoolOffer | None = None
     """The producer's device pool, if it has one; a ``posix_fd`` pool's fd is the second fd."""
+    lane: int = 0
+    """The backlog of this process's lane for its batches (``_lane.py``), whose end is the
+    last fd; 0: no lane, batches come on the channel."""
 
 
 class Refusal(msgspec.Struct, frozen=True, tag=True):
@@ -104,8 +108,9 @@ class Refusal(msgspec.Struct, frozen=True, tag=True):
 _DEC = msgspec.msgpack.Decoder(Hello | Offer | Refusal)
 _ENC = msgspec.msgpack.Encoder()
 
-Admit = Callable[[Hello, int], "Offer | Refusal"]
-"""The producer's decision on a Hello from process ``pid``: an offer (a new member) or why not."""
+Admit = Callable[[Hello, int], "tuple[Offer, list[int]] | Refusal"]
+"""The producer's decision on a Hello from process ``pid``: an offer (a new member) and the
+fds of that member's own to send after the shared ones, or why not."""
 
 
 def peer_credentials(conn: socket.socket) -> tuple[int, int, int]:
@@ -246,13 +251,14 @@ class HandoverServer:
         if not isinstance(hello, Hello):
             self._refuse(conn, "expected a Hello")
             return
-        reply = self._admit(hello, state.pid)
-        if isinstance(reply, Refusal):
-            self._refuse(conn, reply.reason, f"admit {hello.rank}")
+        answer = self._admit(hello, state.pid)
+        if isinstance(answer, Refusal):
+            self._refuse(conn, answer.reason, f"admit {hello.rank}")
             return
+        reply, own_fds = answer
         conn.settimeout(1.0)  # a small message into an empty socket buffer
         try:
-            socket.send_fds(conn, [_frame(_ENC.encode(reply))], self._fds)
+            socket.send_fds(conn, [_frame(_ENC.encode(reply))], [*self._fds, *own_fds])
         except OSError:
             conn.close()
             self._on_gone(reply.member)
@@ -382,6 +388,9 @@ class Handover(NamedTuple):
     member: bytes
     pool: PoolOffer | None
     pool_fd: int | None
+    lane_fd: int | None
+    """This process's end of its lane for batches (``_lane.py``), if the producer gave one."""
+    lane_backlog: int
 
 
 def receive_arena(
@@ -404,7 +413,7 @@ def receive_arena(
         except (BrokenPipeError, ConnectionResetError):
             pass  # refused before our hello was read: its Refusal is waiting to be received
         # The fds ride on the first segment: receive them with the ancillary data, whole.
-        first, fds, _, _ = socket.recv_fds(conn, _MAX_MESSAGE + 4, 2)
+        first, fds, _, _ = socket.recv_fds(conn, _MAX_MESSAGE + 4, 3)
         if not first:
             raise PeerGone(f"the producer at {path!r} closed the handover without a reply")
         if len(first) < 4:
@@ -437,7 +446,9 @@ def receive_arena(
         ) from e
     if isinstance(reply, Refusal):
         raise fail(HandoverRefused(f"the producer refused this process: {reply.reason}"))
-    want = 2 if reply_pool_fd(reply) else 1
+    pool_fd = reply_pool_fd(reply)
+    lane = isinstance(reply, Offer) and reply.lane > 0
+    want = 1 + pool_fd + lane
     if not isinstance(reply, Offer) or len(fds) != want:
         raise fail(PeerGone(f"the producer sent {len(fds)} fds, expected {want}"))
     conn.settimeout(None)
@@ -448,7 +459,9 @@ def receive_arena(
         reply.size,
         reply.member,
         reply.pool,
-        fds[1] if want == 2 else None,
+        fds[1] if pool_fd else None,
+        fds[-1] if lane else None,
+        reply.lane,
     )
 
 

@@ -21,7 +21,7 @@ import numpy as np
 if TYPE_CHECKING:
     import torch
 
-from ._codec import BatchDecoder, encode_batch
+from ._codec import check_envelopes
 from ._digest import digest_of, envelope_alpha
 from ._handover import MAX_RANKS
 from ._index import GlobalIndex
@@ -50,6 +50,7 @@ from ._schema import (
     TensorSpec,
 )
 from ._torch import is_cuda_tensor, is_tensor
+from ._views import dtype_name
 from .errors import InvalidRequest, MalformedEnvelope, MmwireError
 
 __all__ = [
@@ -68,7 +69,6 @@ MAX_REQUEST_ID = 1024
 
 _MODALITIES = frozenset(get_args(Modality))
 _KINDS = frozenset(get_args(Kind))
-_DECODER = BatchDecoder()  # the consumers' default limits: what they would refuse, we refuse
 
 Payload = CpuRef | InlineRef | CudaIpcRef | FabricRef
 _T = TypeVar("_T")
@@ -109,7 +109,7 @@ class Item:
     caller_key: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class PreparedItem:
     """An item checked and turned into what gets copied: a host array, or a CUDA tensor."""
 
@@ -355,8 +355,10 @@ def _as_array(data: Any, where: str) -> tuple[np.ndarray[Any, Any], str]:
             f"{where}: cannot publish {type(data).__name__}: give an array, tensor, PIL image "
             "or bytes"
         )
+    if not arr.dtype.isnative:  # the wire's dtypes are little-endian, as the hosts are
+        arr = arr.astype(arr.dtype.newbyteorder("="))
     arr = np.ascontiguousarray(arr)
-    name = arr.dtype.name
+    name = dtype_name(arr.dtype)
     _check_elements(where, name, arr.shape)
     return arr, name
 
@@ -401,11 +403,5 @@ def envelope(
 
 
 def validate(envelopes: list[FeatureEnvelope]) -> None:
-    """Encode the envelopes and decode them as a consumer would; its error if it would refuse."""
-    try:
-        frames = encode_batch(envelopes)
-    except MmwireError:
-        raise
-    except Exception as e:  # msgspec's encode errors: a field msgpack cannot carry
-        raise MalformedEnvelope(f"the request's envelopes do not encode: {e}") from e
-    _DECODER.decode(frames)
+    """The error a consumer's decoder would raise for these envelopes, if any."""
+    check_envelopes(envelopes)

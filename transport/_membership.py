@@ -18,13 +18,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from ._arena import Arena
-from ._channel import Channel
+from ._channel import Channel, Message
 from ._control import Done, Join, Member, Members, decode_control
 from ._gpu import ProducerDevice
 from ._handover import Hello, Offer, Refusal
+from ._lane import Lane
 from ._mooncake import TransferSource
 
 __all__ = ["LostRequest", "Roster"]
@@ -64,7 +64,7 @@ class Roster:
         drop_local: Callable[[bytes], None],
         on_lost: Callable[[LostRequest], None] | None,
         remote_ok: bool,
-        curve: bool,
+        max_backlog: int,
     ) -> None:
         self.activity = activity
         self.channel = channel
@@ -78,26 +78,46 @@ class Roster:
         self._on_lost = on_lost
         self._lost: list[LostRequest] = []
         self._remote_ok = remote_ok
-        self._curve = curve
+        self.max_backlog = max_backlog
         self._noted: set[str] = set()
         self._ending: list[tuple[float, Member]] = []  # (when, member) of closed handovers
 
     # -- arrivals ---------------------------------------------------------------------
 
-    def admit(self, hello: Hello, pid: int) -> Offer | Refusal:
-        """The handover thread's question: may process ``pid`` take ``hello.rank``?"""
+    def admit(self, hello: Hello, pid: int) -> tuple[Offer, list[int]] | Refusal:
+        """The handover thread's question: may process ``pid`` take ``hello.rank``? If so,
+        its offer and its lane's end."""
         if self.closed:
             return Refusal(reason="the producer is closing")
         got = self.members.offer(hello.rank, pid, hello.replace)
         if isinstance(got, str):
             return Refusal(reason=got)
+        member = got
+
+        def dropped(what: str) -> None:
+            self.drop(what, f"the lane of {member}")
+
+        try:
+            got.lane = Lane(self.max_backlog, dropped)
+        except OSError as e:  # out of fds: the member is refused, the producer serves on
+            self.members.end(got, f"no lane for it ({e})")
+            return Refusal(reason=f"the producer cannot make a lane: {e}")
         _log.info("mmwire: %s received the arena", got)
-        return Offer(
+        offer = Offer(
             arena_id=self.arena.id,
             size=self.arena.size,
             member=got.token,
             pool=self.device.offer,
+            lane=self.max_backlog,
         )
+        return offer, [got.lane.peer.fileno()]
+
+    def close(self) -> None:
+        """Refuse new members and close every lane (the ranks read EOF)."""
+        self.closed = True
+        for s in self.members.all():
+            if s.lane is not None:
+                s.lane.close()
 
     def handover_closed(self, token: bytes) -> None:
         """A local member's process closed its handover connection (it exited or died): it
@@ -107,8 +127,18 @@ class Roster:
             self._ending.append((time.monotonic() + _END_GRACE_S, s))
         self.activity.notify_all()
 
+    def lane_broke(self, s: Member, error: OSError) -> None:
+        """A local member's lane is closed at its end: its process is closing. It misses
+        batches from now on, and ends once the releases it sent just before are served."""
+        if not s.closing:
+            s.closing = True
+            _log.info("mmwire: %s closed its lane (%s)", s, error)
+            self._ending.append((time.monotonic() + _END_GRACE_S, s))
+
     def finish_ends(self) -> float | None:
         """End the members whose grace has run out; when the next one is due, if any."""
+        if not self._ending:
+            return None
         now = time.monotonic()
         due = [s for t, s in self._ending if t <= now]
         self._ending = [(t, s) for t, s in self._ending if t > now]
@@ -117,19 +147,20 @@ class Roster:
                 self.members.end(s, "its process closed the handover connection")
         return min((t for t, _ in self._ending), default=None)
 
-    def on_message(self, frames: list[Any]) -> None:
+    def on_message(self, message: Message) -> None:
         """One message from the channel: a join, a release or a ``Done``; anything else is
         dropped and counted."""
+        frames = message.frames
         if len(frames) != 2:
             self.drop(f"a message of {len(frames)} frames")
             return
-        ident, body = frames[0].bytes, frames[1]
-        msg = decode_control(body.bytes)
+        ident, body = frames
+        msg = decode_control(body)
         if msg is None:
             self.drop("a message that is not a control message")
             return
         if isinstance(msg, Join):
-            self._on_join(ident, msg, body)
+            self._on_join(ident, msg, message.key)
             return
         s = self.members.by_ident(ident)
         if isinstance(msg, Done):
@@ -149,14 +180,14 @@ class Roster:
             self.counts["ignored"] += 1
             self.note("release", f"{s} released a lease it does not hold (ignored)")
 
-    def _on_join(self, ident: bytes, msg: Join, body: Any) -> None:
-        key = None
-        if self._curve:
-            with contextlib.suppress(Exception):
-                key = body.get("User-Id").encode()
+    def _on_join(self, ident: bytes, msg: Join, key: bytes | None) -> None:
         got: Member | str = "it asked to pull payloads, and this producer has no `transfer`"
         if not msg.pull or self.transfer is not None:
             got = self.members.join(ident, msg, key, self._remote_ok, self._connected)
+        if not isinstance(got, str) and got.lane is not None:
+            got.lane.handed_over()  # it joined, so it has its end
+            if msg.backlog:
+                got.lane.backlog = min(got.lane.backlog, msg.backlog)
         if isinstance(got, str):
             self.counts["joins"] += 1
             self.note("join", f"refused a join: {got}")
@@ -175,6 +206,8 @@ class Roster:
 
     def _ended(self, s: Member, why: str) -> None:
         """Release what an ended member held (from ``Members.end``)."""
+        if s.lane is not None:
+            s.lane.close()
         held = self.arena.release_holder(s.id)
         if self.transfer is not None:
             held += self.transfer.window.release_holder(s.id)
@@ -242,9 +275,9 @@ class Roster:
 
     # -- what is counted, and logged once ---------------------------------------------
 
-    def drop(self, what: str) -> None:
+    def drop(self, what: str, where: str = "the channel") -> None:
         self.counts["dropped"] += 1
-        self.note(what, f"dropped {what} on the channel")
+        self.note(what, f"dropped {what} on {where}")
 
     def note(self, kind: str, message: str) -> None:
         """Log the first event of each kind; ``statistics()`` counts them all."""

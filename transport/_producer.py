@@ -195,7 +195,7 @@ class Producer:
                 drop_local=lambda token: self.handover.drop(token),
                 on_lost=on_lost,
                 remote_ok=tcp,
-                curve=curve is not None,
+                max_backlog=max_backlog,
             )
             fds = [self.arena.readonly_fd]
             if self._device.fd is not None:
@@ -265,7 +265,7 @@ class Producer:
         """The Unix socket consumers on this host pass to :class:`Consumer`."""
         return self.handover.path
 
-    def _admit(self, hello: Hello, pid: int) -> Offer | Refusal:
+    def _admit(self, hello: Hello, pid: int) -> tuple[Offer, list[int]] | Refusal:
         with self._lock:
             return self._roster.admit(hello, pid)
 
@@ -389,7 +389,7 @@ class Producer:
             if self.closed:
                 return
             self.closed = True
-            self._roster.closed = True
+            self._roster.close()
         self._loop.stop()
         self.handover.close()
         with self._lock:

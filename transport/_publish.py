@@ -103,10 +103,14 @@ class Publisher:
             return None
 
     def _publish(self, request_id: str, items: Sequence[Item], *, now: bool) -> Published:
+        owners = {r for item in items for r in item.consumers}
         with self.lock:
-            self._service()
-            owners = {r for item in items for r in item.consumers}
+            # The control thread serves joins and releases as they arrive, off this path;
+            # a rank that is not a member yet may have a join waiting to be served.
             members = {s.rank: s for s in self.roster.members.joined()}
+            if not owners <= members.keys():
+                self._service()
+                members = {s.rank: s for s in self.roster.members.joined()}
         missing = sorted(owners - set(members))
         if missing:
             raise PeerGone(
@@ -157,6 +161,10 @@ class Publisher:
                 sizes = [prepared[k].nbytes for k in new]
                 if now:
                     lease = self.arena.try_allocate(sizes, holders, tag=request_id)
+                    if lease is None:  # releases may be waiting to be served
+                        with self.lock:
+                            self._service()
+                        lease = self.arena.try_allocate(sizes, holders, tag=request_id)
                     if lease is None:
                         raise _MustWait
                 else:

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 from ._schema import TensorSpec
 
-__all__ = ["numpy_view", "torch_dtype", "torch_view"]
+__all__ = ["dtype_name", "numpy_view", "torch_dtype", "torch_view"]
 
 _NUMPY: dict[str, np.dtype[Any]] = {
     name: np.dtype(name)
@@ -29,6 +29,14 @@ _NUMPY: dict[str, np.dtype[Any]] = {
         "bool",
     )
 }
+
+_NAMES = {dtype: name for name, dtype in _NUMPY.items()}
+
+
+def dtype_name(dtype: np.dtype[Any]) -> str:
+    """A numpy dtype's name: a lookup for the whitelisted ones (``dtype.name`` is built
+    anew at each call, and costs more than copying 16 KiB)."""
+    return _NAMES.get(dtype) or dtype.name
 
 
 @cache
@@ -75,9 +83,18 @@ def torch_view(spec: TensorSpec, buf: Any, offset: int = 0) -> torch.Tensor:
     """
     import torch
 
+    global _warned
     raw = np.frombuffer(buf, dtype=np.uint8, count=spec.nbytes, offset=offset)
-    with warnings.catch_warnings():
-        # torch warns that the buffer is not writable; that is the point of a shared view.
-        warnings.simplefilter("ignore", UserWarning)
+    if _warned:
         t = torch.from_numpy(raw)
+    else:
+        # torch warns, once per process, that the buffer is not writable; that is the point
+        # of a shared view. Catching warnings costs more than the view, so only once.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            t = torch.from_numpy(raw)
+        _warned = True
     return t.view(torch_dtype(spec.dtype)).reshape(spec.shape)
+
+
+_warned = False
