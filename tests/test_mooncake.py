@@ -168,6 +168,7 @@ def test_forged_and_stale_references_are_refused_and_the_rank_keeps_serving() ->
                 old = list(b.envelopes.values())
                 assert np.array_equal(b.open(GlobalIndex(0)), first)
             assert settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
+            assert settle(p, lambda: _window(p).leases_outstanding == 0)  # its range is free
             p.publish("new", [_item(np.full(5000, 9, np.uint8), 0)])  # the same range, reused
             with c.recv(10) as b:
                 assert int(b.open(GlobalIndex(0))[0]) == 9

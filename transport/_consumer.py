@@ -525,10 +525,17 @@ class Consumer:
                 self._sock_lock.release()
 
     def _flush_locked(self) -> None:
+        lane = self._lane
         while self._unsent and not self.closed:
             try:
-                self._sock.send(self._unsent[0], zmq.NOBLOCK)
+                if lane is None:
+                    self._sock.send(self._unsent[0], zmq.NOBLOCK)
+                elif not lane.send(self._unsent[0]):
+                    return
             except zmq.Again:
+                return
+            except OSError:  # the producer closed the lane: nobody is left to tell
+                self._unsent.clear()
                 return
             self._unsent.popleft()
 

@@ -74,6 +74,8 @@ class ControlLoop:
         for frames in self.channel.messages():  # first what the peers sent before going
             self.roster.on_message(frames)
             busy = True
+        for lane in self.roster.lanes():
+            lane.read()
         if disconnected:
             self.roster.check_remote()
         busy |= self.delivery.finish_sends()
@@ -91,22 +93,46 @@ class ControlLoop:
             self.activity.notify_all()
 
     def wait(self, timeout: float) -> None:
-        """Wait up to ``timeout`` s for the channel to have something to serve."""
+        """Wait up to ``timeout`` s for the channel or a lane to have something to serve."""
+        with self.lock:
+            fds = [self.channel.fd, *(lane.fileno() for lane in self.roster.lanes())]
+        poller = select.poll()
+        for fd in fds:
+            poller.register(fd, select.POLLIN)
         with contextlib.suppress(OSError, ValueError):
-            select.select([self.channel.fd], [], [], timeout)
+            poller.poll(timeout * 1000)
 
     def _run(self) -> None:
-        """Serve the channel when something arrives (a message, a disconnection, a wake),
-        and at each sweep's time; nothing otherwise."""
-        watched = self._watched
+        """Serve the channel and the lanes when something arrives (a message, a
+        disconnection, a wake), and at each sweep's time; nothing otherwise."""
+        poller = select.poll()
+        for fd in self._watched:
+            poller.register(fd, select.POLLIN)
+        lanes: set[int] = set()  # the lanes' descriptors registered
+        hung: set[int] = set()  # lanes whose rank end closed: read once more, not watched
         while not self._stopped:
+            if self.roster.lanes_changed:
+                with self.lock:
+                    self.roster.lanes_changed = False
+                    now_open = {lane.fileno() for lane in self.roster.lanes()}
+                hung &= now_open
+                for fd in lanes - now_open:
+                    poller.unregister(fd)
+                for fd in now_open - lanes - hung:
+                    poller.register(fd, select.POLLIN)
+                lanes = now_open - hung
             due = self._last_sweep + _SWEEP_S
             if self._next_end is not None:
                 due = min(due, self._next_end)
             wait = max(0.0, due - time.monotonic())
             try:
-                ready, _, _ = select.select(watched, [], [], wait)
-                if self._wake_r in ready and not self._stopped:
+                ready = poller.poll(wait * 1000)
+                for fd, events in ready:
+                    if fd in lanes and events & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
+                        poller.unregister(fd)  # it reads ready for good: its end is gone
+                        lanes.discard(fd)
+                        hung.add(fd)
+                if any(fd == self._wake_r for fd, _ in ready) and not self._stopped:
                     with contextlib.suppress(BlockingIOError):
                         os.read(self._wake_r, 4096)
                 if ready and not self._stopped:

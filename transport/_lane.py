@@ -13,14 +13,17 @@ Packets, producer -> rank:
     ``b"C"``: the next batch comes on the channel (one with frames of its own, such as an
     inline fallback's payloads, or a header over ``MAX_PACKET``), so order is kept.
 Packets, rank -> producer:
-    ``b"A"`` + u64: how many packets the rank has taken since it joined.
+    ``b"A"`` + u64: how many packets the rank has taken since it joined;
+    ``b"R"`` + a control message: a release or a ``Done`` (``_control.py``), so the rank's
+    releases take no zmq hop either, and are read in order before its end is served.
 
 Back-pressure: the producer counts the packets it sent against the rank's latest count;
 with ``backlog`` unacknowledged the lane is full, as a full zmq queue is, and the batch
 waits. The rank acknowledges every ``ack_interval(backlog)`` packets, and the producer
-reads acknowledgements when the lane looks full and every ``_DRAIN_EVERY`` packets, so
-they never pile up. Neither side trusts the other: a count that goes back or past what was
-sent is ignored, a packet of the wrong shape is an error of that one packet.
+reads its end when the lane looks full and whenever the control thread sees it readable,
+so nothing piles up. Neither side trusts the other: a
+count that goes back or past what was sent is ignored, a packet of the wrong shape is an
+error of that one packet.
 """
 
 from __future__ import annotations
@@ -39,8 +42,11 @@ MAX_PACKET = 1 << 16
 
 BATCH = b"B"
 ON_CHANNEL = b"C"
+MESSAGE = b"R"
+MAX_CONTROL = 512
+"""The largest release or ``Done`` packet read (the channel drops control messages over
+256 bytes; a longer packet is cut here and fails to decode)."""
 _ACK = struct.Struct("<cQ")
-_DRAIN_EVERY = 64
 _SEND_BUFFER = 4 << 20  # asked for; the kernel caps it at net.core.wmem_max
 
 
@@ -56,7 +62,12 @@ class Lane:
     raise ``OSError`` when the rank's end is closed.
     """
 
-    def __init__(self, backlog: int, on_malformed: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        backlog: int,
+        on_message: Callable[[bytes], None],
+        on_malformed: Callable[[str], None],
+    ) -> None:
         self.sock, self.peer = socket.socketpair(
             socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC
         )
@@ -66,6 +77,7 @@ class Lane:
         self.backlog = backlog
         self.sent = 0
         self.acked = 0
+        self._on_message = on_message
         self._on_malformed = on_malformed
 
     def handed_over(self) -> None:
@@ -82,29 +94,34 @@ class Lane:
 
     def _put(self, parts: list[bytes]) -> bool:
         if self.sent - self.acked >= self.backlog:
-            self.read_acks()
+            self.read()
             if self.sent - self.acked >= self.backlog:
                 return False
         try:
             self.sock.sendmsg(parts, [], socket.MSG_NOSIGNAL)
         except BlockingIOError:
             return False
-        self.sent += 1
-        if self.sent % _DRAIN_EVERY == 0:
-            self.read_acks()
+        self.sent += 1  # not read here: the caller records the batch as sent first
         return True
 
-    def read_acks(self) -> None:
-        """Take the rank's acknowledgements waiting now (bounded: a flood waits its turn)."""
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def read(self) -> None:
+        """Serve what the rank sent that waits now: acknowledgements, and its releases and
+        ``Done`` through ``on_message`` (bounded: a flood waits its turn)."""
         for _ in range(1024):
             try:
-                packet = self.sock.recv(_ACK.size + 1)
+                packet = self.sock.recv(MAX_CONTROL + 1)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
                 return  # its end is closed: the next send says so
             if not packet:
                 return
+            if packet[:1] == MESSAGE:
+                self._on_message(packet[1:])
+                continue
             if len(packet) != _ACK.size or packet[:1] != b"A":
                 self._on_malformed("a lane packet that is not an acknowledgement")
                 continue
@@ -113,6 +130,10 @@ class Lane:
                 self.acked = taken
             else:
                 self._on_malformed("an acknowledgement that goes back or past what was sent")
+
+    @property
+    def closed(self) -> bool:
+        return self.sock.fileno() < 0
 
     def close(self) -> None:
         """Close both ends held here; the rank reads EOF."""
@@ -161,10 +182,20 @@ class LaneReader:
             return True
         raise FrameError(f"a lane packet of {n} bytes of unknown kind {bytes(kind)!r}")
 
+    def send(self, body: bytes) -> bool:
+        """Send a release or ``Done``; False if the lane is full now (try again later).
+        ``OSError``: the producer's end is closed."""
+        try:
+            self.sock.sendmsg([MESSAGE, body], [], socket.MSG_NOSIGNAL)
+        except (BlockingIOError, InterruptedError):
+            return False
+        return True
+
     def _ack(self) -> None:
         with contextlib.suppress(OSError):  # full: the next one carries the count
             self.sock.send(_ACK.pack(b"A", self._taken), socket.MSG_NOSIGNAL)
             self._acked = self._taken
 
     def close(self) -> None:
+        self.ended = True
         self.sock.close()

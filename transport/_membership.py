@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from ._arena import Arena
 from ._channel import Channel, Message
-from ._control import Done, Join, Member, Members, decode_control
+from ._control import Done, Join, Member, Members, Release, decode_control
 from ._gpu import ProducerDevice
 from ._handover import Hello, Offer, Refusal
 from ._lane import Lane
@@ -79,6 +79,8 @@ class Roster:
         self._lost: list[LostRequest] = []
         self._remote_ok = remote_ok
         self.max_backlog = max_backlog
+        self.lanes_changed = False
+        """A lane was made or closed since the control thread last looked."""
         self._noted: set[str] = set()
         self._ending: list[tuple[float, Member]] = []  # (when, member) of closed handovers
 
@@ -97,12 +99,16 @@ class Roster:
         def dropped(what: str) -> None:
             self.drop(what, f"the lane of {member}")
 
+        def served(body: bytes) -> None:
+            self._on_lane_message(member, body)
+
         try:
-            got.lane = Lane(self.max_backlog, dropped)
+            got.lane = Lane(self.max_backlog, served, dropped)
         except OSError as e:  # out of fds: the member is refused, the producer serves on
             self.members.end(got, f"no lane for it ({e})")
             return Refusal(reason=f"the producer cannot make a lane: {e}")
         _log.info("mmwire: %s received the arena", got)
+        self.lanes_changed = True
         offer = Offer(
             arena_id=self.arena.id,
             size=self.arena.size,
@@ -111,6 +117,10 @@ class Roster:
             lane=self.max_backlog,
         )
         return offer, [got.lane.peer.fileno()]
+
+    def lanes(self) -> list[Lane]:
+        """Every live member's open lane."""
+        return [s.lane for s in self.members.all() if s.lane is not None and not s.lane.closed]
 
     def close(self) -> None:
         """Refuse new members and close every lane (the ranks read EOF)."""
@@ -163,20 +173,38 @@ class Roster:
             self._on_join(ident, msg, message.key)
             return
         s = self.members.by_ident(ident)
-        if isinstance(msg, Done):
-            request_id = None if s is None else s.outstanding.pop(msg.seq, None)
-            if s is not None and request_id is not None and msg.refused:
-                why = f"the rank could not take it ({msg.refused})"
-                self._report_lost(LostRequest(request_id, s.rank, why))
-            return
-        if s is not None and msg.done:
-            s.outstanding.pop(msg.done, None)
         if s is None and self.members.ended(ident):
             # its leases went back when it ended; this release was on the way
             self.counts["ignored"] += 1
         elif s is None:
-            self.drop("a release from no joined member")
-        elif not self.arena_of(msg.window).release(msg.lease, msg.generation, s.id):
+            if isinstance(msg, Release):
+                self.drop("a release from no joined member")
+        else:
+            self._on_member_message(s, msg)
+
+    def serve_lane(self, s: Member) -> None:
+        """The releases, ``Done`` and acknowledgements waiting on a member's lane."""
+        if s.lane is not None:
+            s.lane.read()
+
+    def _on_lane_message(self, s: Member, body: bytes) -> None:
+        msg = decode_control(body)
+        if msg is None or isinstance(msg, Join):
+            self.drop("a lane packet that is not a release or Done", f"the lane of {s}")
+        else:  # also as it ends: what it sent before going
+            self._on_member_message(s, msg)
+
+    def _on_member_message(self, s: Member, msg: Release | Done) -> None:
+        """A member's release or ``Done``, from the channel or its lane."""
+        if isinstance(msg, Done):
+            request_id = s.outstanding.pop(msg.seq, None)
+            if request_id is not None and msg.refused:
+                why = f"the rank could not take it ({msg.refused})"
+                self._report_lost(LostRequest(request_id, s.rank, why))
+            return
+        if msg.done:
+            s.outstanding.pop(msg.done, None)
+        if not self.arena_of(msg.window).release(msg.lease, msg.generation, s.id):
             self.counts["ignored"] += 1
             self.note("release", f"{s} released a lease it does not hold (ignored)")
 
@@ -205,9 +233,12 @@ class Roster:
     # -- ends -------------------------------------------------------------------------
 
     def _ended(self, s: Member, why: str) -> None:
-        """Release what an ended member held (from ``Members.end``)."""
+        """Release what an ended member held (from ``Members.end``), after what it sent
+        on its lane before going."""
         if s.lane is not None:
+            s.lane.read()
             s.lane.close()
+            self.lanes_changed = True
         held = self.arena.release_holder(s.id)
         if self.transfer is not None:
             held += self.transfer.window.release_holder(s.id)
