@@ -17,10 +17,8 @@ __all__ = ["Ranks"]
 # 3 s importing them on a 2-core host, for each rank of each way). The server never touches
 # CUDA, so a rank may use it after the fork, as a spawned one would.
 _RANKS = mp.get_context("forkserver")
-_RANKS.set_forkserver_preload(
-    ["numpy", "torch", "zmq", "msgspec", "mmwire.transport", "mmwire.materialize"]
-    + ["mmwire.bench._workers"]
-)
+_PRELOAD = ["numpy", "torch", "zmq", "msgspec", "mmwire.transport", "mmwire.materialize"]
+_RANKS.set_forkserver_preload([*_PRELOAD, "mmwire.bench._workers"])
 
 
 class Ranks:
