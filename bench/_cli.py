@@ -38,7 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command")
     demo = sub.add_parser("demo", help="the README demo (default)")
     demo.add_argument("--ranks", type=int, default=2)
-    demo.add_argument("--reps", type=int, default=5, help="runs of each request on each path")
+    demo.add_argument("--reps", type=int, default=9, help="runs of each request on each path")
     tr = sub.add_parser("transport", help="payload sizes x consumers x methods")
     tr.add_argument(
         "--sizes",
@@ -108,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         run_demo(
             ranks=getattr(args, "ranks", 2),
-            reps=getattr(args, "reps", 5),
+            reps=getattr(args, "reps", 9),
             out_dir=args.out,
             console=console,
         )

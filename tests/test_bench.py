@@ -212,7 +212,7 @@ def test_capacity_runs_two_frontends_into_a_rank_that_reads_both(tmp_path: Path)
     assert "sustainable rate" in (run / "table.txt").read_text()
 
 
-def test_the_demo_ranks_paths_and_shares_a_place_within_five_percent() -> None:
+def test_the_demo_ranks_paths_and_shares_a_place_within_ten_percent() -> None:
     from mmwire.bench._demo import ranking
 
     assert ranking({"mmwire": 300.0, "oob": 400.0, "segment": 410.0, "pickle": 700.0}) == {
@@ -221,4 +221,5 @@ def test_the_demo_ranks_paths_and_shares_a_place_within_five_percent() -> None:
         "segment": "2=",
         "pickle": "4",
     }
-    assert ranking({"a": 100.0, "b": 104.0, "c": 108.0}) == {"a": "1=", "b": "1=", "c": "1="}
+    assert ranking({"a": 100.0, "b": 109.0, "c": 118.0}) == {"a": "1=", "b": "1=", "c": "1="}
+    assert ranking({"a": 100.0, "b": 111.0}) == {"a": "1", "b": "2"}
