@@ -20,48 +20,55 @@ from mmwire.kernels._abi import KIMI_LAYOUT, KINDS, Kind, OutputLayout
 HERE = Path(__file__).resolve().parent / "kernel_host"
 
 
+def _command(patch: int, layout: OutputLayout) -> list[str]:
+    """The compiler's arguments for one build, without its output."""
+    return [
+        "-O1",  # a third faster to build than -O2, for the same IEEE arithmetic
+        "-std=c++20",
+        "-pthread",
+        "-ffp-contract=off",
+        "-fno-strict-aliasing",  # store_run writes two 16-bit values as one word
+        "-Wall",
+        "-Wno-unknown-pragmas",
+        "-Werror",
+        "-shared",
+        "-fPIC",
+        f'-DPIXELS_CU="{SOURCE}"',
+        *compile_options(patch, layout),
+        "-I",
+        str(HERE),
+        str(HERE / "driver.cpp"),
+    ]
+
+
+def _compiler() -> str:
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        raise RuntimeError("a C++ compiler is needed to run the kernels on the CPU")
+    return cxx
+
+
 def build(out_dir: Path, patch: int = 0, layout: OutputLayout = KIMI_LAYOUT) -> Path:
     """Compile the host build of ``pixels.cu`` into ``out_dir``, for one patch size or any
     (0) and one output layout, with the flags the library compiles the kernels with;
     returns the library path."""
-    cxx = shutil.which("g++") or shutil.which("c++")
-    if cxx is None:
-        raise RuntimeError("a C++ compiler is needed to run the kernels on the CPU")
     lib = out_dir / f"pixels_host_{patch}_{layout.merge}_{layout.temporal}.so"
-    subprocess.run(
-        [
-            cxx,
-            "-O1",  # a third faster to build than -O2, for the same IEEE arithmetic
-            "-std=c++20",
-            "-pthread",
-            "-ffp-contract=off",
-            "-fno-strict-aliasing",  # store_run writes two 16-bit values as one word
-            "-Wall",
-            "-Wno-unknown-pragmas",
-            "-Werror",
-            "-shared",
-            "-fPIC",
-            f'-DPIXELS_CU="{SOURCE}"',
-            *compile_options(patch, layout),
-            "-I",
-            str(HERE),
-            str(HERE / "driver.cpp"),
-            "-o",
-            str(lib),
-        ],
-        check=True,
-    )
+    partial = lib.with_suffix(".partial")
+    subprocess.run([_compiler(), *_command(patch, layout), "-o", str(partial)], check=True)
+    partial.rename(lib)  # whole or absent, should a build be interrupted
     return lib
 
 
 def shared_build(root: Path, patch: int = 0, layout: OutputLayout = KIMI_LAYOUT) -> Path:
-    """``build``, once per source and flags under ``root`` however many test processes ask
-    (pytest-xdist's workers share the session's temporary root): a build takes about 40 s
-    on two cores, so each worker compiling its own would double the suite's longest part."""
-    sources = [Path(SOURCE), HERE / "driver.cpp", HERE / "shim.h"]
-    key = hashlib.sha256()
-    for part in [*(p.read_bytes() for p in sources), repr((patch, layout)).encode()]:
-        key.update(part)
+    """``build``, once per sources, flags and compiler under ``root`` however many test
+    processes ask (pytest-xdist's workers share it): a build takes 25-40 s on two cores.
+    ``root`` is pytest's cache, so a later run of an unchanged tree reuses the build."""
+    cxx = _compiler()
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
+    key = hashlib.sha256(f"{version}{_command(patch, layout)}".encode())
+    kernels = Path(SOURCE).parent
+    for source in sorted([*kernels.glob("*.cu"), *kernels.glob("*.cuh"), *HERE.iterdir()]):
+        key.update(source.name.encode() + source.read_bytes())
     out = root / f"host-kernels-{key.hexdigest()[:16]}"
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "lock", "w") as lock:
@@ -70,8 +77,12 @@ def shared_build(root: Path, patch: int = 0, layout: OutputLayout = KIMI_LAYOUT)
         return done if done is not None else build(out, patch, layout)
 
 
-def session_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The temporary root every test process of this session shares."""
+def build_root(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the host builds live: pytest's cache, or this session's temporary root when
+    the cache is off (``-p no:cacheprovider``)."""
+    cache = getattr(request.config, "cache", None)
+    if cache is not None:
+        return Path(cache.mkdir("mmwire-host-kernels"))
     base = tmp_path_factory.getbasetemp()
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from host_kernels import HostLauncher, session_root, shared_build
+from host_kernels import HostLauncher, build_root, shared_build
 from kernel_cases import (
     CASES,
     DTYPES,
@@ -55,8 +55,8 @@ from PIL import Image
 
 
 @pytest.fixture(scope="module")
-def host_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return shared_build(session_root(tmp_path_factory))
+def host_lib(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return shared_build(build_root(request, tmp_path_factory))
 
 
 @pytest.fixture(scope="module")
@@ -65,17 +65,21 @@ def host(host_lib: Path) -> HostLauncher:
 
 
 @pytest.fixture(scope="module")
-def host_qwen(tmp_path_factory: pytest.TempPathFactory) -> HostLauncher:
+def host_qwen(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> HostLauncher:
     """The build for Qwen-VL's rows: (3, 2, p, p) by 2 x 2 merge window, any patch size."""
     layout = OutputLayout(merge=2, temporal=2)
-    root = session_root(tmp_path_factory)
+    root = build_root(request, tmp_path_factory)
     return HostLauncher(shared_build(root, layout=layout), layout=layout)
 
 
 @pytest.fixture(scope="module")
-def host14(tmp_path_factory: pytest.TempPathFactory) -> HostLauncher:
+def host14(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> HostLauncher:
     """The build the launcher compiles for p = 14 (``MMWIRE_PATCH``)."""
-    return HostLauncher(shared_build(session_root(tmp_path_factory), patch=14))
+    return HostLauncher(shared_build(build_root(request, tmp_path_factory), patch=14))
 
 
 def test_tile_records_are_whole_16_byte_loads() -> None:
