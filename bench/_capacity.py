@@ -2,12 +2,12 @@
 
 For each way of ``mmwire-bench pipeline`` (eager, raw, encoded, and encoded with nvJPEG
 where the owners are CUDA ranks with torchvision) and each number of frontends, the same
-requests, cycled for at least ``CELL_S`` seconds, arrive as a Poisson process at rising
-rates until the TTFT proxy's p99 passes the bound; the sustainable rate is the highest rate
-whose p99 stayed within it, found by doubling and then two halvings of the last step (0
-when even the first rate, half eager's capacity, passes the bound). Several frontends are
-producers on threads of one process, taking the requests in turn; every rank reads all of
-them through one ``ConsumerGroup``.
+requests, cycled for at least ``cell_s`` seconds (3 by default), arrive as a Poisson
+process at rising rates until the TTFT proxy's p99 passes the bound; the sustainable rate
+is the highest rate whose p99 stayed within it, found by doubling and then two halvings of
+the last step (0 when even the first rate, half eager's capacity, passes the bound).
+Several frontends are producers on threads of one process, taking the requests in turn;
+every rank reads all of them through one ``ConsumerGroup``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ __all__ = ["render_capacity", "run_capacity"]
 
 _DOUBLINGS = 8
 """At most this many doublings past the start (256x it)."""
-CELL_S = 3.0
 """Each rate runs at least this long (its requests cycle), so a fast way is measured
 sustaining the rate, not absorbing a burst."""
 
@@ -71,6 +70,7 @@ def _sustained(
     reqs: list[list[bytes]],
     start: float,
     bound_s: float,
+    cell_s: float,
 ) -> tuple[float, list[dict[str, Any]]]:
     """One way's sustainable rate with ``producers`` as its frontends, on fresh ranks."""
     mode, device, gpu_decode = way
@@ -86,8 +86,8 @@ def _sustained(
         _run(mode, _requests(2, seed=5), start, pool, producers, ranks, cfg, seed=1)
 
         def cell(rate: float) -> dict[str, Any]:
-            # long enough to be a rate, not a burst: the requests cycle for CELL_S seconds
-            n = max(len(reqs), int(rate * CELL_S))
+            # long enough to be a rate, not a burst: the requests cycle for cell_s seconds
+            n = max(len(reqs), int(rate * cell_s))
             cycled = [reqs[i % len(reqs)] for i in range(n)]
             return _run(mode, cycled, rate, pool, producers, ranks, cfg, seed=100)
 
@@ -106,6 +106,7 @@ def run_capacity(
     devices: tuple[str, ...] = ("cpu",),
     bound_s: float = 1.0,
     frontends: tuple[int, ...] = (1, 2),
+    cell_s: float = 3.0,
     out_dir: Path | None = None,
     console: Console | None = None,
 ) -> Path:
@@ -123,7 +124,7 @@ def run_capacity(
         try:
             for mode, device, gpu_decode in _ways(list(devices)):
                 way = (mode, device, gpu_decode)
-                rate, rows = _sustained(producers, ranks, way, reqs, start, bound_s)
+                rate, rows = _sustained(producers, ranks, way, reqs, start, bound_s, cell_s)
                 console.print(
                     f"  {n} frontend(s), {mode} on {device}{' +nvJPEG' if gpu_decode else ''}: "
                     f"{rate:.1f} req/s within p99 {bound_s * 1e3:.0f} ms"
@@ -147,11 +148,12 @@ def run_capacity(
         "devices": list(devices),
         "requests_per_cell": requests,
         "bound_s": bound_s,
+        "cell_s": cell_s,
         "results": results,
         "notes": [
             "sustained: the highest Poisson arrival rate whose TTFT-proxy p99 (arrival -> the "
             "last owner holds pixel_values) stayed within the bound; each rate cycles the same "
-            f"requests for at least {CELL_S:g} s; "
+            f"requests for at least {cell_s:g} s; "
             "doubling from half eager's capacity, then two halvings of the last step",
             "frontends: producers on threads of one process taking the requests in turn; "
             "each rank reads them all through one ConsumerGroup",

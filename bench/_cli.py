@@ -83,6 +83,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="instead, find each way's highest rate whose p99 stays within P99_MS",
     )
     pl.add_argument("--frontends", default="1,2", help="with --capacity: producer counts")
+    pl.add_argument(
+        "--cell-seconds",
+        type=float,
+        default=3.0,
+        help="with --capacity: how long each rate is held (its requests cycle)",
+    )
     en = sub.add_parser("engine", help="reuse and the owner cache on a chat trace; async publish")
     en.add_argument("--ranks", type=int, default=2)
     en.add_argument("--conversations", type=int, default=6)
@@ -145,6 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             tuple(args.device.split(",")),
             args.capacity / 1e3,
             tuple(int(x) for x in args.frontends.split(",")),
+            cell_s=args.cell_seconds,
             out_dir=args.out,
             console=console,
         )

@@ -200,12 +200,13 @@ def test_capacity_search_finds_the_last_rate_within_the_bound() -> None:
 
 def test_capacity_runs_two_frontends_into_a_rank_that_reads_both(tmp_path: Path) -> None:
     args = ["--out", str(tmp_path / "r"), "pipeline", "--capacity", "1", "--requests", "2"]
-    assert main([*args, "--frontends", "2", "--ranks", "1"]) == 0
+    assert main([*args, "--frontends", "2", "--ranks", "1", "--cell-seconds", "0.5"]) == 0
     (run,) = (tmp_path / "r").iterdir()
     data = json.loads((run / "results.json").read_text())
     assert {(r["frontends"], r["mode"]) for r in data["results"]} == {
         (2, m) for m in ("eager", "raw", "encoded")
     }
+    assert data["cell_s"] == 0.5
     for r in data["results"]:  # no way meets 1 ms: every cell ran, was refused, and said so
         assert r["sustained_rps"] == 0.0 and len(r["cells"]) == 1
         assert all(len(c["ttft_s"]) >= 2 and not c["within_bound"] for c in r["cells"])
