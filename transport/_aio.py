@@ -83,7 +83,7 @@ class AsyncConsumer:
 
     def _watch_lanes(self) -> None:
         """Watch each member's lane while its next batch may come there."""
-        wanted = {fd for m in self.group.members if (fd := m.lane_fd()) is not None}
+        wanted = {fd for m in self.group.members if (fd := m._lane_fd()) is not None}
         for fd in self._lanes - wanted:
             self._poller.unregister(fd)
         for fd in wanted - self._lanes:

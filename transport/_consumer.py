@@ -356,14 +356,14 @@ class Consumer:
                 batch._seq = seq
             return batch
 
-    def wait_fds(self) -> list[int]:
+    def _wait_fds(self) -> list[int]:
         """The descriptors to wait on for this consumer's next batch: the channel's (zmq's,
         edge-triggered: wait with a timeout), and its lane's while a batch may come there."""
-        lane = self.lane_fd()
+        lane = self._lane_fd()
         channel = int(self._sock.getsockopt(zmq.FD))
         return [channel] if lane is None else [channel, lane]
 
-    def lane_fd(self) -> int | None:
+    def _lane_fd(self) -> int | None:
         """The lane's descriptor while the next batch may come on it: a poller watches it
         beside the channel (not while a batch it announced is awaited on the channel)."""
         lane = self._lane
@@ -374,7 +374,7 @@ class Consumer:
     def _wait(self, wait_ms: int) -> bool:
         """Wait up to ``wait_ms`` for the channel, or the lane when it is next."""
         watched: list[tuple[Any, int]] = [(self._sock, zmq.POLLIN)]
-        lane = self.lane_fd()
+        lane = self._lane_fd()
         if lane is not None:
             watched.append((lane, zmq.POLLIN))
         return bool(zmq.zmq_poll(watched, wait_ms))

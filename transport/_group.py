@@ -95,7 +95,7 @@ class ConsumerGroup:
                 raise WaitTimeout(self.waited_in_vain(timeout))
             # zmq's descriptors are edge-triggered: the slice bounds a missed edge's cost
             with contextlib.suppress(OSError, ValueError):
-                fds = [fd for k in self._live for fd in self.members[k].wait_fds()]
+                fds = [fd for k in self._live for fd in self.members[k]._wait_fds()]
                 select.select(fds, [], [], _SLICE_S)
 
     def waited_in_vain(self, timeout: float | None) -> str:

@@ -182,11 +182,6 @@ class Roster:
         else:
             self._on_member_message(s, msg)
 
-    def serve_lane(self, s: Member) -> None:
-        """The releases, ``Done`` and acknowledgements waiting on a member's lane."""
-        if s.lane is not None:
-            s.lane.read()
-
     def _on_lane_message(self, s: Member, body: bytes) -> None:
         msg = decode_control(body)
         if msg is None or isinstance(msg, Join):
