@@ -5,7 +5,10 @@ owns an item materialises it (deferred, owner-side). Every peer of ``mmwire-benc
 transport`` takes the engines' way instead: the tokenizer preprocesses the request to fp32
 ``pixel_values`` and sends them to every rank its way. Each request is timed several times
 on each path (median and spread), until every owner holds its ``pixel_values``, after
-one unrecorded pass over the requests.
+one unrecorded pass over the requests. Every path's processes stay up for the whole run,
+and the paths take turns, request by request, starting each round with the next path: a
+2-core machine's speed drifts over a run, and timing one path after another handed that
+drift to whichever came last.
 """
 
 from __future__ import annotations
@@ -14,8 +17,8 @@ import itertools
 import os
 import statistics
 import time
-from collections.abc import Callable
-from functools import partial
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -67,8 +70,6 @@ def run_demo(
     console = console or Console()
     requests = _images()
     paths = ["mmwire", *PEERS]
-    times: dict[str, list[list[float]]] = {}
-    moved: dict[str, list[int]] = {}
     progress = Progress(
         TextColumn("{task.description:<22}"),
         BarColumn(bar_width=24),
@@ -84,16 +85,18 @@ def run_demo(
     for peer in PEERS:
         console.print(f"  {peer:<10} {LABELS[peer]}")
     load_before = os.getloadavg()[0]
-    with progress:
-        for path in paths:
-            task = progress.add_task(path, total=len(requests) * reps)
-            started = time.perf_counter()
-            runner = _mmwire_path if path == "mmwire" else _peer_path(path)
-            times[path], moved[path] = runner(
-                requests, ranks, reps, partial(progress.advance, task)
+    started = time.perf_counter()
+    with progress, ExitStack() as paths_up:
+        senders = {
+            path: paths_up.enter_context(
+                _mmwire_path(ranks) if path == "mmwire" else _peer_path(path, ranks)
             )
-            if not console.is_terminal:  # no live display: one line a path
-                console.print(f"  {path:<10} done in {time.perf_counter() - started:.1f} s")
+            for path in paths
+        }
+        tasks = {path: progress.add_task(path, total=len(requests) * reps) for path in paths}
+        times, moved = _timed(requests, reps, senders, lambda p: progress.advance(tasks[p]))
+    if not console.is_terminal:  # no live display: one line for the run
+        console.print(f"  every path, in turn: done in {time.perf_counter() - started:.1f} s")
     rows = [
         {
             "request": i,
@@ -143,9 +146,8 @@ def _busy(before: float, after: float) -> str:
     )
 
 
-def _mmwire_path(
-    requests: list[list[Image.Image]], ranks: int, reps: int, tick: Callable[[], None]
-) -> tuple[list[list[float]], list[int]]:
+@contextmanager
+def _mmwire_path(ranks: int) -> Iterator[Send]:
     cfg = KimiConfig()
     producer = Producer(arena_size=256 << 20)
     workers = Ranks(
@@ -167,7 +169,7 @@ def _mmwire_path(
             workers.wait("done", ranks)
             return sum(e.tensor.nbytes for e in envs)
 
-        return _timed(requests, reps, send, tick)
+        yield send
     finally:
         producer.publish(
             "stop",
@@ -177,51 +179,48 @@ def _mmwire_path(
         producer.close()
 
 
-def _peer_path(
-    name: str,
-) -> Callable[
-    [list[list[Image.Image]], int, int, Callable[[], None]], tuple[list[list[float]], list[int]]
-]:
-    def run(
-        requests: list[list[Image.Image]], ranks: int, reps: int, tick: Callable[[], None]
-    ) -> tuple[list[list[float]], list[int]]:
-        cfg = KimiConfig()
-        method = make_method(name, ranks)
-        try:
+@contextmanager
+def _peer_path(name: str, ranks: int) -> Iterator[Send]:
+    cfg = KimiConfig()
+    method = make_method(name, ranks)
+    try:
 
-            def send(rid: str, imgs: list[Image.Image]) -> int:
-                pixel_values, _ = preprocess_images(imgs, cfg)  # on the producer, eagerly
-                method.send(rid, pixel_values)
-                method.ranks.wait("done", ranks)
-                method.round_done()
-                return method.copies(pixel_values.numel() * pixel_values.element_size())
+        def send(rid: str, imgs: list[Image.Image]) -> int:
+            pixel_values, _ = preprocess_images(imgs, cfg)  # on the producer, eagerly
+            method.send(rid, pixel_values)
+            method.ranks.wait("done", ranks)
+            method.round_done()
+            return method.copies(pixel_values.numel() * pixel_values.element_size())
 
-            return _timed(requests, reps, send, tick)
-        finally:
-            method.close()
-
-    return run
+        yield send
+    finally:
+        method.close()
 
 
 def _timed(
-    requests: list[list[Image.Image]], reps: int, send: Send, tick: Callable[[], None]
-) -> tuple[list[list[float]], list[int]]:
-    """Each request once unrecorded (a fresh process's first large request pays its
-    allocator's and libraries' start-up, which a serving process pays once), then each
-    ``reps`` times (ms), and the bytes its last run moved."""
-    for i, imgs in enumerate(requests):
-        send(f"warm-up{i}", imgs)
-    times: list[list[float]] = []
-    moved: list[int] = []
-    for i, imgs in enumerate(requests):
-        runs = []
-        for k in range(reps):
-            t0 = time.perf_counter()
-            nbytes = send(f"r{i}.{k}", imgs)
-            runs.append((time.perf_counter() - t0) * 1e3)
-            tick()
-        times.append(runs)
-        moved.append(nbytes)
+    requests: list[list[Image.Image]],
+    reps: int,
+    senders: dict[str, Send],
+    tick: Callable[[str], None],
+) -> tuple[dict[str, list[list[float]]], dict[str, list[int]]]:
+    """Each request once unrecorded on every path (a fresh process's first large request
+    pays its allocator's and libraries' start-up, which a serving process pays once), then
+    ``reps`` rounds in which the paths take turns at each request, each round starting with
+    the next path. Per path: each request's times (ms), and the bytes its last run moved."""
+    paths = list(senders)
+    for send in senders.values():
+        for i, imgs in enumerate(requests):
+            send(f"warm-up{i}", imgs)
+    times: dict[str, list[list[float]]] = {p: [[] for _ in requests] for p in paths}
+    moved: dict[str, list[int]] = {p: [0] * len(requests) for p in paths}
+    for k in range(reps):
+        turn = paths[k % len(paths) :] + paths[: k % len(paths)]
+        for i, imgs in enumerate(requests):
+            for path in turn:
+                t0 = time.perf_counter()
+                moved[path][i] = senders[path](f"r{i}.{k}", imgs)
+                times[path][i].append((time.perf_counter() - t0) * 1e3)
+                tick(path)
     return times, moved
 
 
