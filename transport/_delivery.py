@@ -109,7 +109,9 @@ class Delivery:
         shared_frames = encode_batch(envs) if frames is None else frames
         owners = {r for e in envs for r in e.consumers}
         request_id = envs[0].request_id
-        targets = list(self.roster.members.joined())
+        # owners first: a lane's wake-up may hand a core to its rank at once, and the
+        # owners have the work to do (every member still gets batches in publish order)
+        targets = sorted(self.roster.members.joined(), key=lambda s: s.rank not in owners)
         sending = Sending(holds)
         for s in targets:
             frames, track = self._frames_for(s, envs, shared_frames, staged)
