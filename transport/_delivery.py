@@ -186,8 +186,9 @@ class Delivery:
         self, s: Member, frames: list[Any], track: bool, holds: Holds, owned: str | None
     ) -> bool:
         """Queue a batch for a member; False if its queue is full (nothing was sent). A
-        member whose connection is gone is ended (and the batch not sent). ``owned``: the
-        request id, if the member owns items of it (it stays outstanding until ``Done``)."""
+        member whose connection is gone is ended, and one whose lane broke is closing (the
+        batch is not sent to either). ``owned``: the request id, if the member owns items
+        of it (it stays outstanding until ``Done``)."""
         if s.closing:
             return True  # missed: its process is closing
         tracker = None
