@@ -876,7 +876,7 @@ def test_every_request_a_killed_remote_rank_never_finished_is_reported() -> None
             local.recv(10).release()
             assert time.monotonic() - killed < 15, "the rank's death went unnoticed"
         want = {"held-1", "held-2", *returned}
-        assert settle(p, lambda: {x.request_id for x in lost} == want)
+        assert settle(p, lambda: {x.request_id for x in lost} == want), (lost, want)
         assert all(x.rank == 1 for x in lost) and len(lost) == len(want)
         assert p.statistics().consumers == (0,)
     finally:

@@ -207,7 +207,7 @@ class Delivery:
         except zmq.Again:
             return False
         except zmq.ZMQError as e:  # EHOSTUNREACH: its connection is gone
-            self.roster.members.end(s, f"its channel connection is gone ({e})")
+            self.roster.end_after_its_messages(s, f"its channel connection is gone ({e})")
             return True
         except OSError as e:  # its end of the lane is closed
             self.roster.lane_broke(s, e)

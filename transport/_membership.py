@@ -182,6 +182,13 @@ class Roster:
         else:
             self._on_member_message(s, msg)
 
+    def end_after_its_messages(self, s: Member, why: str) -> None:
+        """End a member, after serving what waits on the channel: what it sent before
+        going (a release of a request it finished) is not reported lost."""
+        for message in self.channel.messages():
+            self.on_message(message)
+        self.members.end(s, why)
+
     def _on_lane_message(self, s: Member, body: bytes) -> None:
         msg = decode_control(body)
         if msg is None or isinstance(msg, Join):
