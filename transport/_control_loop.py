@@ -69,11 +69,8 @@ class ControlLoop:
 
     def service(self) -> None:
         """Process everything pending: messages, finished sends, timeouts (under the lock)."""
-        busy = False
         disconnected = self.channel.disconnected()
-        for frames in self.channel.messages():  # first what the peers sent before going
-            self.roster.on_message(frames)
-            busy = True
+        busy = self.roster.serve_channel()  # first what the peers sent before going
         for lane in self.roster.lanes():
             lane.read()
         if disconnected:

@@ -138,7 +138,6 @@ class Delivery:
                 for w in waiting
                 if not w[0].gone and not self._try_send(w[0], *w[1:3], holds, w[3])
             ]
-            missed += [w[0] for w in sending.waiting if w[0].closing and w[0] not in missed]
             if waiting and time.monotonic() > deadline:
                 for s, *_ in waiting:
                     self.roster.evict(
@@ -148,6 +147,8 @@ class Delivery:
                     )
                     missed.append(s)
                 break
+        # those whose lane broke while they were retried (a closing member is not sent to)
+        missed += [w[0] for w in sending.waiting if w[0].closing and w[0] not in missed]
         return missed
 
     def _frames_for(

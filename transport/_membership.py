@@ -125,9 +125,8 @@ class Roster:
     def close(self) -> None:
         """Refuse new members and close every lane (the ranks read EOF)."""
         self.closed = True
-        for s in self.members.all():
-            if s.lane is not None:
-                s.lane.close()
+        for lane in self.lanes():
+            lane.close()
 
     def handover_closed(self, token: bytes) -> None:
         """A local member's process closed its handover connection (it exited or died): it
@@ -182,11 +181,18 @@ class Roster:
         else:
             self._on_member_message(s, msg)
 
+    def serve_channel(self) -> bool:
+        """Serve every message waiting on the channel; whether there was any."""
+        served = False
+        for message in self.channel.messages():
+            self.on_message(message)
+            served = True
+        return served
+
     def end_after_its_messages(self, s: Member, why: str) -> None:
         """End a member, after serving what waits on the channel: what it sent before
         going (a release of a request it finished) is not reported lost."""
-        for message in self.channel.messages():
-            self.on_message(message)
+        self.serve_channel()
         self.members.end(s, why)
 
     def _on_lane_message(self, s: Member, body: bytes) -> None:
