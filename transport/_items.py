@@ -21,7 +21,6 @@ import numpy as np
 if TYPE_CHECKING:
     import torch
 
-from ._codec import check_envelopes
 from ._digest import digest_of, envelope_alpha
 from ._handover import MAX_RANKS
 from ._index import GlobalIndex
@@ -61,7 +60,6 @@ __all__ = [
     "located",
     "payload_digest",
     "prepare",
-    "validate",
 ]
 
 MAX_REQUEST_ID = 1024
@@ -400,8 +398,3 @@ def envelope(
         raise
     except Exception as e:  # a field of the wrong type reaching a cross-field check
         raise MalformedEnvelope(f"{where}: {e}") from e
-
-
-def validate(envelopes: list[FeatureEnvelope]) -> None:
-    """The error a consumer's decoder would raise for these envelopes, if any."""
-    check_envelopes(envelopes)

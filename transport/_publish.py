@@ -26,11 +26,11 @@ import msgspec
 import numpy as np
 
 from ._arena import ARENA_HEADER, LEASE_HEADER, Arena, Lease
-from ._codec import Limits, encode_batch
+from ._codec import Limits, check_envelopes, encode_batch
 from ._control import Member
 from ._delivery import Delivery, Staged, raise_if_lost
 from ._gpu import ProducerDevice
-from ._items import Item, PreparedItem, envelope, located, payload_digest, prepare, validate
+from ._items import Item, PreparedItem, envelope, located, payload_digest, prepare
 from ._light import heavy, plainly_large
 from ._membership import Roster
 from ._mooncake import TransferSource
@@ -248,7 +248,7 @@ class Publisher:
                     generation=1,
                 )
             envs.append(envelope(request_id, k, p, nbytes, ref))
-        validate(envs)
+        check_envelopes(envs)  # what a consumer's decoder would refuse
         return envs
 
     def _reuse(
