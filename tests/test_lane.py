@@ -56,54 +56,47 @@ def test_batches_take_the_lane_and_one_on_the_channel_keeps_its_place() -> None:
         p.close()
 
 
-def test_a_hostile_producer_on_the_lane_gets_typed_errors_and_the_rank_serves_on() -> None:
-    p = Producer(arena_size=1 << 22)
-    c = Consumer(0, p.endpoint, handover=p.handover_path)
-    try:
-        p.wait_for_consumers([0], 10)
-        end = _lane_of(p, 0).sock  # type: ignore[attr-defined]
-        end.send(b"Zsomething else")  # an unknown kind
-        end.send(b"B" + b"\x00" * 70_000)  # over the largest packet
-        end.send(b"B\xc1 not msgpack")  # a batch that is not one
-        end.send(b"C" + b"x")  # an announcement with a body
-        p.publish("real", [_item(4096, 9)])
-        with pytest.raises(FrameError, match="unknown kind"):
-            c.recv(5)
-        with pytest.raises(FrameError, match="over"):
-            c.recv(5)
-        with pytest.raises(MalformedEnvelope):
-            c.recv(5)
-        with pytest.raises(FrameError, match="unknown kind"):
-            c.recv(5)
-        with c.recv(5) as batch:
-            assert batch.envelopes[GlobalIndex(0)].request_id == "real"
-            assert batch.open(GlobalIndex(0)).tobytes() == bytes([9]) * 4096
-    finally:
-        c.close()
-        p.close()
+def test_a_hostile_producer_on_the_lane_gets_typed_errors_and_the_rank_serves_on(
+    pair: tuple[Producer, Consumer],
+) -> None:
+    p, c = pair
+    end = _lane_of(p, 0).sock  # type: ignore[attr-defined]
+    end.send(b"Zsomething else")  # an unknown kind
+    end.send(b"B" + b"\x00" * 70_000)  # over the largest packet
+    end.send(b"B\xc1 not msgpack")  # a batch that is not one
+    end.send(b"C" + b"x")  # an announcement with a body
+    p.publish("real", [_item(4096, 9)])
+    with pytest.raises(FrameError, match="unknown kind"):
+        c.recv(5)
+    with pytest.raises(FrameError, match="over"):
+        c.recv(5)
+    with pytest.raises(MalformedEnvelope):
+        c.recv(5)
+    with pytest.raises(FrameError, match="unknown kind"):
+        c.recv(5)
+    with c.recv(5) as batch:
+        assert batch.envelopes[GlobalIndex(0)].request_id == "real"
+        assert batch.open(GlobalIndex(0)).tobytes() == bytes([9]) * 4096
 
 
-def test_false_acknowledgements_do_not_let_a_rank_queue_past_its_backlog() -> None:
+@pytest.mark.producer(max_backlog=4, slow_consumer_timeout=0.3)
+def test_false_acknowledgements_do_not_let_a_rank_queue_past_its_backlog(
+    pair: tuple[Producer, Consumer],
+) -> None:
     """A rank that reads nothing and acknowledges everything (and garbage) is still held to
     the backlog: the producer ignores the lies, waits, then evicts it."""
-    p = Producer(arena_size=1 << 22, max_backlog=4, slow_consumer_timeout=0.3)
-    c = Consumer(0, p.endpoint, handover=p.handover_path)
-    try:
-        p.wait_for_consumers([0], 10)
-        lane = c._lane
-        assert lane is not None
-        for lie in (2**63, 10**6):  # past anything sent
-            lane.sock.send(struct.pack("<cQ", b"A", lie))
-        lane.sock.send(b"garbage")
-        for i in range(4):
-            p.publish(f"r{i}", [_item(1024, i)])
-        with pytest.raises(PeerGone, match="not delivered to ranks \\[0\\]"):
-            p.publish("r4", [_item(1024, 4)])
-        st = p.statistics()
-        assert st.evictions == 1 and st.messages_dropped >= 2
-    finally:
-        c.close()
-        p.close()
+    p, c = pair
+    lane = c._lane
+    assert lane is not None
+    for lie in (2**63, 10**6):  # past anything sent
+        lane.sock.send(struct.pack("<cQ", b"A", lie))
+    lane.sock.send(b"garbage")
+    for i in range(4):
+        p.publish(f"r{i}", [_item(1024, i)])
+    with pytest.raises(PeerGone, match="not delivered to ranks \\[0\\]"):
+        p.publish("r4", [_item(1024, 4)])
+    st = p.statistics()
+    assert st.evictions == 1 and st.messages_dropped >= 2
 
 
 def test_a_rank_that_closes_its_lane_is_missed_and_ends_without_a_loss() -> None:
