@@ -68,6 +68,7 @@ def _sustained(
     ranks: int,
     way: tuple[str, str, bool],
     reqs: list[list[bytes]],
+    warm: list[list[bytes]],
     start: float,
     bound_s: float,
     cell_s: float,
@@ -83,7 +84,7 @@ def _sustained(
     try:
         for p in producers:
             p.wait_for_consumers(range(ranks), 120)
-        _run(mode, _requests(2, seed=5), start, pool, producers, ranks, cfg, seed=1)
+        _run(mode, warm, start, pool, producers, ranks, cfg, seed=1)
 
         def cell(rate: float) -> dict[str, Any]:
             # long enough to be a rate, not a burst: the requests cycle for cell_s seconds
@@ -109,11 +110,13 @@ def run_capacity(
     cell_s: float = 3.0,
     out_dir: Path | None = None,
     console: Console | None = None,
+    max_megapixels: float = 12.0,
 ) -> Path:
     """Each way's sustainable rate under a p99 TTFT-proxy bound, with 1 and 2 frontends."""
     console = console or Console()
     cfg = KimiConfig()
-    reqs = _requests(requests, seed=11)
+    reqs = _requests(requests, seed=11, max_megapixels=max_megapixels)
+    warm = _requests(2, seed=5, max_megapixels=max_megapixels)
     t0 = time.perf_counter()
     for request in reqs[:5]:
         preprocess_images(request, cfg)
@@ -124,7 +127,7 @@ def run_capacity(
         try:
             for mode, device, gpu_decode in _ways(list(devices)):
                 way = (mode, device, gpu_decode)
-                rate, rows = _sustained(producers, ranks, way, reqs, start, bound_s, cell_s)
+                rate, rows = _sustained(producers, ranks, way, reqs, warm, start, bound_s, cell_s)
                 console.print(
                     f"  {n} frontend(s), {mode} on {device}{' +nvJPEG' if gpu_decode else ''}: "
                     f"{rate:.1f} req/s within p99 {bound_s * 1e3:.0f} ms"
@@ -145,6 +148,7 @@ def run_capacity(
     payload: dict[str, Any] = {
         "kind": "pipeline-capacity",
         "ranks": ranks,
+        "max_megapixels": max_megapixels,
         "devices": list(devices),
         "requests_per_cell": requests,
         "bound_s": bound_s,

@@ -82,6 +82,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="P99_MS",
         help="instead, find each way's highest rate whose p99 stays within P99_MS",
     )
+    pl.add_argument(
+        "--max-megapixels",
+        type=float,
+        default=12.0,
+        help="draw photos only from the sizes up to this many megapixels (0.3 to 12)",
+    )
     pl.add_argument("--frontends", default="1,2", help="with --capacity: producer counts")
     pl.add_argument(
         "--cell-seconds",
@@ -154,6 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             cell_s=args.cell_seconds,
             out_dir=args.out,
             console=console,
+            max_megapixels=args.max_megapixels,
         )
     elif command == "pipeline":
         from ._pipeline import run_pipeline
@@ -165,6 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             tuple(args.device.split(",")),
             out_dir=args.out,
             console=console,
+            max_megapixels=args.max_megapixels,
         )
     elif command == "engine":
         from ._engine import run_engine

@@ -56,15 +56,19 @@ SIZES = [
 MODES = ("eager", "raw", "encoded")
 
 
-def _requests(n: int, seed: int) -> list[list[bytes]]:
-    """``n`` requests of 1-8 photos at sizes drawn from ``SIZES``, each re-encoded as JPEG
-    (quality 90, three in four) or PNG: the bytes a client sends."""
-    return [list(request) for request in _encoded(n, seed)]
+def _requests(n: int, seed: int, max_megapixels: float = 12.0) -> list[list[bytes]]:
+    """``n`` requests of 1-8 photos at sizes drawn from ``SIZES`` (those of at most
+    ``max_megapixels``), each re-encoded as JPEG (quality 90, three in four) or PNG: the
+    bytes a client sends."""
+    return [list(request) for request in _encoded(n, seed, max_megapixels)]
 
 
 @functools.lru_cache(maxsize=8)
-def _encoded(n: int, seed: int) -> tuple[tuple[bytes, ...], ...]:
+def _encoded(n: int, seed: int, max_megapixels: float) -> tuple[tuple[bytes, ...], ...]:
     """``_requests``' bytes, encoded once per process (a 12 MP PNG takes a second)."""
+    sizes = [s for s in SIZES if s[0] * s[1] <= max_megapixels * 1e6]
+    if not sizes:
+        raise ValueError(f"no photo size within {max_megapixels} megapixels")
     rng = np.random.default_rng(seed)
     photos = [
         Image.open(DATA / f).convert("RGB") for f in ("coffee.png", "astronaut.png", "chelsea.png")
@@ -74,7 +78,7 @@ def _encoded(n: int, seed: int) -> tuple[tuple[bytes, ...], ...]:
     for _ in range(n):
         request = []
         for _ in range(int(rng.integers(1, 9))):
-            size = SIZES[int(rng.integers(len(SIZES)))]
+            size = sizes[int(rng.integers(len(sizes)))]
             key = (int(rng.integers(len(photos))), *size, bool(rng.random() < 0.75))
             if key not in cache:
                 buf = io.BytesIO()
@@ -198,11 +202,12 @@ def run_pipeline(
     devices: tuple[str, ...] = ("cpu",),
     out_dir: Path | None = None,
     console: Console | None = None,
+    max_megapixels: float = 12.0,
 ) -> Path:
     """Eager, raw and encoded at ``rates`` x eager's capacity; TTFT-proxy percentiles."""
     console = console or Console()
     cfg = KimiConfig()
-    reqs = _requests(requests, seed=11)
+    reqs = _requests(requests, seed=11, max_megapixels=max_megapixels)
     for request in reqs[:3]:  # warm the caches, then measure eager's service time
         preprocess_images(request, cfg)
     t0 = time.perf_counter()
@@ -233,7 +238,7 @@ def run_pipeline(
                 )
                 try:
                     producer.wait_for_consumers(range(ranks), 120)
-                    warm = _requests(2, seed=5)
+                    warm = _requests(2, seed=5, max_megapixels=max_megapixels)
                     _run(mode, warm, capacity, pool, [producer], ranks, cfg, seed=1)
                     for k, x in enumerate(rates):
                         row = _run(
@@ -252,6 +257,7 @@ def run_pipeline(
         "kind": "pipeline",
         "rows": rows,
         "ranks": ranks,
+        "max_megapixels": max_megapixels,
         "devices": list(devices),
         "eager_service_s": service,
         "notes": [

@@ -128,6 +128,7 @@ def _missing_engine() -> set[str]:
 
 def test_pipeline_runs_every_way_from_the_bytes_and_every_owner_reports(tmp_path: Path) -> None:
     args = ["--out", str(tmp_path / "r"), "pipeline", "--requests", "3", "--rates", "1"]
+    args += ["--max-megapixels", "1"]
     assert main(args) == 0
     (run,) = (tmp_path / "r").iterdir()
     rows = json.loads((run / "results.json").read_text())["rows"]
@@ -200,6 +201,7 @@ def test_capacity_search_finds_the_last_rate_within_the_bound() -> None:
 
 def test_capacity_runs_two_frontends_into_a_rank_that_reads_both(tmp_path: Path) -> None:
     args = ["--out", str(tmp_path / "r"), "pipeline", "--capacity", "1", "--requests", "2"]
+    args += ["--max-megapixels", "1"]
     assert main([*args, "--frontends", "2", "--ranks", "1", "--cell-seconds", "0.5"]) == 0
     (run,) = (tmp_path / "r").iterdir()
     data = json.loads((run / "results.json").read_text())
