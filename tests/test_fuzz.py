@@ -24,7 +24,7 @@ from mmwire.transport.errors import EnvelopeError, MmwireError
 from mmwire.transport.wire import BatchDecoder, encode_batch
 from PIL import Image
 
-EXAMPLES = int(os.environ.get("MMWIRE_FUZZ_EXAMPLES", "3000"))
+EXAMPLES = int(os.environ.get("MMWIRE_FUZZ_EXAMPLES", "1000"))
 DECODER = BatchDecoder()
 MAX_OUT = 16 << 20
 MATERIALIZER = Materializer(0, max_output_bytes=MAX_OUT)
