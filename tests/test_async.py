@@ -4,7 +4,6 @@ several producers: real processes, real zmq sockets, real shared memory."""
 from __future__ import annotations
 
 import asyncio
-import multiprocessing as mp
 import os
 import select
 import signal
@@ -27,8 +26,7 @@ from mmwire.transport import (
     Producer,
 )
 from mmwire.transport.errors import ConfigurationError, PeerGone
-
-SPAWN = mp.get_context("spawn")
+from procs import CHILDREN
 
 
 def _item(pixels: np.ndarray[Any, Any], owners: tuple[int, ...] = (0,)) -> Item:
@@ -175,8 +173,8 @@ def test_releases_from_many_threads_while_the_rank_keeps_receiving() -> None:
 
 def test_one_rank_fed_by_two_producers_survives_one_of_them_crashing() -> None:
     local = Producer(arena_size=8 << 20)
-    q: Any = SPAWN.Queue()
-    kid = SPAWN.Process(target=procs.produce_forever, args=("far", q))
+    q: Any = CHILDREN.Queue()
+    kid = CHILDREN.Process(target=procs.produce_forever, args=("far", q))
     kid.start()
     group = None
     try:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import multiprocessing as mp
 import os
 import signal
 import time
@@ -26,8 +25,7 @@ from mmwire.transport.errors import (
     StaleReference,
 )
 from mmwire.transport.wire import CpuRef, InlineRef, encode_batch
-
-SPAWN = mp.get_context("spawn")
+from procs import CHILDREN
 
 
 def _raw_item(img: np.ndarray, owners: tuple[int, ...]) -> Item:  # type: ignore[type-arg]
@@ -42,7 +40,7 @@ class _Inbox:
     """
 
     def __init__(self) -> None:
-        self.q: Any = SPAWN.Queue()
+        self.q: Any = CHILDREN.Queue()
         self._parked: list[tuple] = []  # type: ignore[type-arg]
 
     def get(self, kind: str, timeout: float = 60) -> tuple:  # type: ignore[type-arg]
@@ -62,7 +60,7 @@ def test_four_ranks_read_their_items_byte_exact(rng: np.random.Generator) -> Non
     inbox = _Inbox()
     q = inbox.q
     kids = [
-        SPAWN.Process(target=procs.consume, args=(r, p.endpoint, p.handover_path, 2, q))
+        CHILDREN.Process(target=procs.consume, args=(r, p.endpoint, p.handover_path, 2, q))
         for r in range(4)
     ]
     try:
@@ -108,10 +106,10 @@ def test_killed_consumer_releases_its_leases(rng: np.random.Generator) -> None:
     # Separate queues: a process killed right after a put can die holding its queue's
     # write lock, which would then block every other writer of that queue.
     holder_inbox, survivor_inbox = _Inbox(), _Inbox()
-    holder = SPAWN.Process(
+    holder = CHILDREN.Process(
         target=procs.consume, args=(0, p.endpoint, p.handover_path, 1, holder_inbox.q, True)
     )
-    survivor = SPAWN.Process(
+    survivor = CHILDREN.Process(
         target=procs.consume, args=(1, p.endpoint, p.handover_path, 2, survivor_inbox.q)
     )
     try:
@@ -136,11 +134,11 @@ def test_killed_consumer_releases_its_leases(rng: np.random.Generator) -> None:
 
 def test_killed_producer_leaves_nothing_and_consumers_get_an_error() -> None:
     shm_before = set(os.listdir("/dev/shm"))
-    prod_q, inbox = SPAWN.Queue(), _Inbox()  # separate queues, as in the test above
-    prod = SPAWN.Process(target=procs.producer_then_die, args=(prod_q,))
+    prod_q, inbox = CHILDREN.Queue(), _Inbox()  # separate queues, as in the test above
+    prod = CHILDREN.Process(target=procs.producer_then_die, args=(prod_q,))
     prod.start()
     endpoint, handover = prod_q.get(timeout=60)
-    cons = SPAWN.Process(target=procs.wait_then_recv, args=(0, endpoint, handover, inbox.q))
+    cons = CHILDREN.Process(target=procs.wait_then_recv, args=(0, endpoint, handover, inbox.q))
     cons.start()
     inbox.get("joined")
     time.sleep(0.5)
@@ -262,7 +260,7 @@ def test_connection_from_another_uid_is_refused(tmp_path: Any) -> None:
     q = inbox.q
     try:
         # an abstract socket has no file permissions: the SO_PEERCRED check refuses
-        kid = SPAWN.Process(target=procs.intruder, args=(p.handover_path, q))
+        kid = CHILDREN.Process(target=procs.intruder, args=(p.handover_path, q))
         kid.start()
         msg = q.get(timeout=60)
         kid.join(10)

@@ -9,7 +9,6 @@ host build is held to the CPU path in ``test_kernels_host.py`` (and on the GPU i
 
 from __future__ import annotations
 
-import multiprocessing as mp
 from typing import Any
 
 import numpy as np
@@ -308,7 +307,7 @@ def test_owner_ranks_in_other_processes_equal_transformers(rng: np.random.Genera
     ]
     images = _modes(rng)
     ranks = 3
-    ctx = mp.get_context("spawn")
+    ctx = procs.CHILDREN
     q = ctx.Queue()
     p = Producer(arena_size=1 << 24)
     kids = [

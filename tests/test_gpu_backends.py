@@ -16,7 +16,8 @@ import torch
 from mmwire.transport import Consumer, CurveKeys, GlobalIndex, Grid, Item, Producer
 from mmwire.transport.errors import PeerGone
 from mmwire.transport.wire import CpuRef, CudaIpcRef, FabricRef
-from test_cpu_backend import SPAWN, _Inbox
+from procs import CHILDREN
+from test_cpu_backend import _Inbox
 
 pytestmark = [
     pytest.mark.gpu,
@@ -48,7 +49,7 @@ def _settle(p: Producer, cond: Any, timeout: float = 30) -> bool:
 def test_round_trips_are_byte_exact_across_processes(kind: str) -> None:
     p = Producer(device_pool=kind, device="cuda", device_pool_size=160 << 20)  # type: ignore[arg-type]
     inbox = _Inbox()
-    cons = SPAWN.Process(
+    cons = CHILDREN.Process(
         target=procs.gpu_consume, args=(0, p.endpoint, p.handover_path, 4, inbox.q)
     )
     try:
@@ -96,7 +97,7 @@ def test_ten_thousand_requests_recycle_a_small_pool(kind: str) -> None:
     )
     inbox = _Inbox()
     n = 10_000
-    cons = SPAWN.Process(
+    cons = CHILDREN.Process(
         target=procs.gpu_consume, args=(0, p.endpoint, p.handover_path, n, inbox.q)
     )
     try:
@@ -122,10 +123,10 @@ def test_ten_thousand_requests_recycle_a_small_pool(kind: str) -> None:
 def test_killed_consumer_mid_read_gives_its_slots_back(kind: str) -> None:
     p = Producer(device_pool=kind, device="cuda", device_pool_size=8 << 20)  # type: ignore[arg-type]
     holder_inbox, survivor_inbox = _Inbox(), _Inbox()
-    holder = SPAWN.Process(
+    holder = CHILDREN.Process(
         target=procs.gpu_consume, args=(0, p.endpoint, p.handover_path, 1, holder_inbox.q, True)
     )
-    survivor = SPAWN.Process(
+    survivor = CHILDREN.Process(
         target=procs.gpu_consume, args=(1, p.endpoint, p.handover_path, 2, survivor_inbox.q)
     )
     try:
@@ -151,8 +152,8 @@ def test_killed_consumer_mid_read_gives_its_slots_back(kind: str) -> None:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_killed_producer_gives_consumers_a_clear_error(kind: str) -> None:
-    prod_q = SPAWN.Queue()
-    prod = SPAWN.Process(target=procs.gpu_produce_then_hang, args=(prod_q, kind))
+    prod_q = CHILDREN.Queue()
+    prod = CHILDREN.Process(target=procs.gpu_produce_then_hang, args=(prod_q, kind))
     prod.start()
     try:
         _, endpoint, handover = prod_q.get(timeout=120)
@@ -241,7 +242,7 @@ def test_fabric_refused_takes_the_posix_fd_path_and_auto_says_why() -> None:
 def test_consumer_on_another_gpu_opens_the_pool_on_its_own_device(kind: str) -> None:
     p = Producer(device_pool=kind, device="cuda:0", device_pool_size=32 << 20)  # type: ignore[arg-type]
     inbox = _Inbox()
-    cons = SPAWN.Process(
+    cons = CHILDREN.Process(
         target=procs.gpu_consume,
         args=(0, p.endpoint, p.handover_path, 2, inbox.q, False, "cuda:1"),
     )

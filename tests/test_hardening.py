@@ -43,7 +43,8 @@ from mmwire.transport.errors import (
 )
 from mmwire.transport.wire import CpuRef
 from PIL import Image
-from test_cpu_backend import SPAWN, _Inbox
+from procs import CHILDREN
+from test_cpu_backend import _Inbox
 
 
 def _item(data: Any, owners: tuple[int, ...] = (0,)) -> Item:
@@ -85,7 +86,7 @@ def test_a_rank_that_stops_reading_then_resumes_gets_every_request_in_order() ->
     n = 400
     p = Producer(arena_size=16 << 20, max_backlog=8, slow_consumer_timeout=60)
     inbox = _Inbox()
-    kid = SPAWN.Process(
+    kid = CHILDREN.Process(
         target=procs.stall_then_consume,
         args=(0, p.endpoint, p.handover_path, n, 2.0, 8, inbox.q),
     )
@@ -113,7 +114,7 @@ def test_a_rank_stuck_past_the_bound_is_evicted_and_the_others_keep_everything(
 ) -> None:
     p = Producer(arena_size=16 << 20, max_backlog=2, slow_consumer_timeout=1.0)
     inbox = _Inbox()
-    kid = SPAWN.Process(target=procs.stuck, args=(0, p.endpoint, p.handover_path, 6.0, inbox.q))
+    kid = CHILDREN.Process(target=procs.stuck, args=(0, p.endpoint, p.handover_path, 6.0, inbox.q))
     kid.start()
     c1 = Consumer(1, p.endpoint, handover=p.handover_path)
     delivered: list[str] = []
@@ -173,7 +174,7 @@ def test_a_rank_stuck_past_the_bound_is_evicted_and_the_others_keep_everything(
 def test_a_second_process_for_a_live_rank_is_refused_and_replace_fences_the_old_one() -> None:
     p = Producer(arena_size=1 << 20)
     inbox = _Inbox()
-    old = SPAWN.Process(target=procs.hold_rank, args=(0, p.endpoint, p.handover_path, inbox.q))
+    old = CHILDREN.Process(target=procs.hold_rank, args=(0, p.endpoint, p.handover_path, inbox.q))
     old.start()
     try:
         inbox.get("joined")
@@ -300,7 +301,7 @@ def test_a_consumer_that_dies_holding_a_lease_is_cleaned_after_a_hostile_handove
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.connect(socket_address(p.handover_path))
         s.close()  # the empty connection that used to kill the handover thread
-        kid = SPAWN.Process(
+        kid = CHILDREN.Process(
             target=procs.consume, args=(0, p.endpoint, p.handover_path, 1, inbox.q, True)
         )
         kid.start()
@@ -674,7 +675,7 @@ def test_two_honest_ranks_get_every_byte_while_a_hostile_peer_attacks() -> None:
         p.wait_for_consumers([0, 1], 10)
         start_free = p.statistics().arena.bytes_in_use
         before = _fd_targets()
-        kid = SPAWN.Process(
+        kid = CHILDREN.Process(
             target=procs.hostile, args=(p.endpoint, p.handover_path, 6.0, 1234, inbox.q)
         )
         kid.start()
@@ -851,8 +852,8 @@ def test_every_request_a_killed_remote_rank_never_finished_is_reported() -> None
     local = Consumer(
         0, p.endpoint, handover=p.handover_path, curve_server_key=server.public, curve=client
     )
-    q = SPAWN.Queue()
-    kid = SPAWN.Process(target=procs.remote_hold, args=(1, p.endpoint, server.public, client, q))
+    q = CHILDREN.Queue()
+    kid = CHILDREN.Process(target=procs.remote_hold, args=(1, p.endpoint, server.public, client, q))
     kid.start()
     try:
         _, _, pid = q.get(timeout=60)
@@ -914,8 +915,8 @@ def test_a_closed_or_killed_producer_leaves_no_files() -> None:
     with Producer(arena_size=1 << 20) as p:
         assert p.handover_path.startswith("@") and p.endpoint.startswith("ipc://@")
         assert _mmwire_dirs() == dirs
-    q = SPAWN.Queue()
-    kid = SPAWN.Process(target=procs.producer_then_die, args=(q,))
+    q = CHILDREN.Queue()
+    kid = CHILDREN.Process(target=procs.producer_then_die, args=(q,))
     kid.start()
     _, handover = q.get(timeout=60)
     kid.kill()

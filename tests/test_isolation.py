@@ -20,7 +20,7 @@ from mmwire.transport import Consumer, GlobalIndex, IndexMap, Item, Producer
 from mmwire.transport.errors import ImageDecodeError, MaterializeError, MmwireError
 from mmwire.transport.images import to_pixels
 from PIL import Image
-from test_cpu_backend import SPAWN
+from procs import CHILDREN
 
 KIMI = KimiConfig(in_patch_limit=400)
 
@@ -101,8 +101,8 @@ def test_the_bomb_corpus_is_refused_before_allocation_or_decodes_within_bounds()
     """Each file of the corpus is refused by publish without anything allocated, or ships and
     decodes at the owner in < 2 s and < 512 MiB; the owner refuses what publish refused."""
     corpus = bombs.corpus()
-    q = SPAWN.Queue()
-    owner = SPAWN.Process(target=procs.decode_costs, args=(corpus, q))
+    q = CHILDREN.Queue()
+    owner = CHILDREN.Process(target=procs.decode_costs, args=(corpus, q))
     owner.start()
     with Producer(arena_size=64 << 20) as p, Consumer(0, p.endpoint, handover=p.handover_path):
         p.wait_for_consumers([0], 10)

@@ -37,7 +37,7 @@ from mmwire.transport.errors import (
     StaleReference,
 )
 from mmwire.transport.wire import CpuRef, encode_batch
-from test_cpu_backend import SPAWN
+from procs import CHILDREN
 
 try:
     import mooncake.engine  # noqa: F401
@@ -106,8 +106,8 @@ def test_a_remote_rank_pulls_its_own_items_and_the_arena_is_free_once_it_has(
         local = Consumer(
             0, p.endpoint, handover=p.handover_path, curve_server_key=server.public, curve=client
         )
-        q, go = SPAWN.Queue(), SPAWN.Queue()
-        proc = SPAWN.Process(
+        q, go = CHILDREN.Queue(), CHILDREN.Queue()
+        proc = CHILDREN.Process(
             target=procs.mooncake_consume, args=(1, p.endpoint, server.public, client, 2, q, go)
         )
         proc.start()
@@ -202,8 +202,8 @@ def test_forged_and_stale_references_are_refused_and_the_rank_keeps_serving() ->
 
 def test_a_remote_rank_killed_before_it_pulls_frees_its_leases() -> None:
     with _remote_producer(arena_size=1 << 24) as (p, server, client):
-        q, go = SPAWN.Queue(), SPAWN.Queue()
-        proc = SPAWN.Process(
+        q, go = CHILDREN.Queue(), CHILDREN.Queue()
+        proc = CHILDREN.Process(
             target=procs.mooncake_consume, args=(0, p.endpoint, server.public, client, 5, q, go)
         )
         proc.start()
@@ -234,8 +234,8 @@ def test_a_remote_rank_killed_before_it_pulls_frees_its_leases() -> None:
 
 def test_a_producer_killed_before_the_pull_gives_the_rank_a_typed_error() -> None:
     client = CurveKeys.generate()
-    q = SPAWN.Queue()
-    proc = SPAWN.Process(target=procs.mooncake_produce_then_hang, args=(client.public, q))
+    q = CHILDREN.Queue()
+    proc = CHILDREN.Process(target=procs.mooncake_produce_then_hang, args=(client.public, q))
     proc.start()
     c = None
     try:
@@ -323,8 +323,8 @@ def test_a_stranger_on_the_engine_sees_no_local_payload_and_cannot_feed_a_rank_t
         local = Consumer(
             0, p.endpoint, handover=p.handover_path, curve_server_key=server.public, curve=client
         )
-        q, go, sq = SPAWN.Queue(), SPAWN.Queue(), SPAWN.Queue()
-        proc = SPAWN.Process(
+        q, go, sq = CHILDREN.Queue(), CHILDREN.Queue(), CHILDREN.Queue()
+        proc = CHILDREN.Process(
             target=procs.mooncake_pull_on_go, args=(1, p.endpoint, server.public, client, 2, q, go)
         )
         proc.start()
@@ -336,7 +336,7 @@ def test_a_stranger_on_the_engine_sees_no_local_payload_and_cannot_feed_a_rank_t
             p.publish("r0", [_item(secret, 0), _item(remote, 1)])
             assert p._transfer is not None
             session = p._transfer.offer.session
-            stranger = SPAWN.Process(
+            stranger = CHILDREN.Process(
                 target=procs.mooncake_stranger,
                 args=(session, 4 << 20, secret.tobytes(), remote.tobytes(), sq),
             )
@@ -376,9 +376,9 @@ def test_two_remote_ranks_get_every_byte_right_while_a_stranger_hammers_the_engi
     not take is reported lost, and the producer is left with no lease outstanding."""
     n = 500
     with _remote_producer(window_size=4 << 20, arena_size=32 << 20) as (p, server, client):
-        q, hq, stop = SPAWN.Queue(), SPAWN.Queue(), SPAWN.Event()
+        q, hq, stop = CHILDREN.Queue(), CHILDREN.Queue(), CHILDREN.Event()
         ranks = [
-            SPAWN.Process(
+            CHILDREN.Process(
                 target=procs.mooncake_checker, args=(r, p.endpoint, server.public, client, q)
             )
             for r in (0, 1)
@@ -386,7 +386,7 @@ def test_two_remote_ranks_get_every_byte_right_while_a_stranger_hammers_the_engi
         for proc in ranks:
             proc.start()
         assert p._transfer is not None
-        stranger = SPAWN.Process(
+        stranger = CHILDREN.Process(
             target=procs.mooncake_hammer, args=(p._transfer.offer.session, 4 << 20, stop, hq)
         )
         try:

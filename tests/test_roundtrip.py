@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing as mp
-
 import numpy as np
 import procs
 import torch
@@ -21,7 +19,7 @@ def test_deferred_items_materialised_by_their_owners_equal_eager(rng: np.random.
     specs = [cfg(im.width, im.height) for im in images]
     maps = assign_owners([s.plan.grid.patches for s in specs], 2)
     owners = owners_of(maps, len(images))
-    ctx = mp.get_context("spawn")
+    ctx = procs.CHILDREN
     q = ctx.Queue()
     p = Producer(arena_size=1 << 24)
     kids = [
