@@ -225,14 +225,17 @@ def _timed(
 
 
 def _cell(runs: list[float]) -> str:
-    """Median +- half the range, to the precision that matters at that size."""
+    """Median +- half the range (the time alone for one run), to the precision that matters
+    at that size."""
     mid, half = statistics.median(runs), (max(runs) - min(runs)) / 2
-    return f"{mid:.1f}±{half:.1f}" if mid < 100 else f"{mid:.0f}±{half:.0f}"
+    digits = 1 if mid < 100 else 0
+    return f"{mid:.{digits}f}" + (f"±{half:.{digits}f}" if len(runs) > 1 else "")
 
 
 def _tables(rows: list[dict[str, Any]], paths: list[str], reps: int) -> tuple[Table, Table]:
     per_request = Table(
-        title=f"ms until every owner holds pixel_values (median of {reps} ± half the range)",
+        title="ms until every owner holds pixel_values "
+        + (f"(median of {reps} ± half the range)" if reps > 1 else "(one run)"),
         box=box.SIMPLE_HEAD,
         padding=(0, 1),
     )
