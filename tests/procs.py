@@ -223,8 +223,9 @@ def hold_rank(rank: int, endpoint: str, handover: str, q: Any) -> None:
     c.close()
 
 
-def hostile(endpoint: str, handover: str, seconds: float, seed: int, q: Any) -> None:
-    """For ``seconds``, send random and forged traffic to both of a producer's sockets.
+def hostile(endpoint: str, handover: str, stop: Any, seed: int, q: Any) -> None:
+    """Until ``stop`` is set, send random and forged traffic to both of a producer's sockets;
+    say "hostile-attacking" once 100 rounds have gone out.
 
     Runs as the producer's uid (the strongest attacker the handover lets in): random bytes,
     empty, half-written, silent and oversized handover connections, hellos for live and
@@ -242,8 +243,7 @@ def hostile(endpoint: str, handover: str, seconds: float, seed: int, q: Any) -> 
 
     rnd = random.Random(seed)
     ctx = zmq.Context()
-    deadline = time.monotonic() + seconds
-    sent = forged = 0
+    sent = forged = rounds = 0
     silent: list[socket.socket] = []
     spy = Consumer(7, endpoint, handover=handover)  # a legitimate, free rank
     q.put(("hostile-spying",))
@@ -277,8 +277,11 @@ def hostile(endpoint: str, handover: str, seconds: float, seed: int, q: Any) -> 
         body = msgspec.msgpack.encode(obj)
         return struct.pack("<I", len(body)) + body
 
-    while time.monotonic() < deadline:
+    while not stop.is_set():
         forged += forge_from_spy()
+        rounds += 1
+        if rounds == 100:
+            q.put(("hostile-attacking",))
         what = rnd.randrange(9)
         try:
             if what < 4:

@@ -18,6 +18,7 @@ import tempfile
 import threading
 import time
 import zlib
+from multiprocessing import forkserver
 from typing import Any
 
 import msgspec
@@ -69,6 +70,9 @@ def _fd_diff(before: list[str]) -> tuple[list[str], list[str]]:
 
 
 def _fd_targets() -> list[str]:
+    # the children's server holds a pipe to this process for good once started: start it
+    # now, so a test's first child does not count as its leak
+    forkserver.ensure_running()
     out = []
     for fd in os.listdir("/proc/self/fd"):
         try:
@@ -671,12 +675,13 @@ def test_two_honest_ranks_get_every_byte_while_a_hostile_peer_attacks() -> None:
     c0 = Consumer(0, p.endpoint, handover=p.handover_path)
     c1 = Consumer(1, p.endpoint, handover=p.handover_path)
     inbox = _Inbox()
+    stop = CHILDREN.Event()  # set however the test ends: the attack has no deadline of its own
     try:
         p.wait_for_consumers([0, 1], 10)
         start_free = p.statistics().arena.bytes_in_use
         before = _fd_targets()
         kid = CHILDREN.Process(
-            target=procs.hostile, args=(p.endpoint, p.handover_path, 6.0, 1234, inbox.q)
+            target=procs.hostile, args=(p.endpoint, p.handover_path, stop, 1234, inbox.q)
         )
         kid.start()
         inbox.get("hostile-spying", timeout=60)
@@ -692,8 +697,9 @@ def test_two_honest_ranks_get_every_byte_while_a_hostile_peer_attacks() -> None:
                     assert batch.envelopes[GlobalIndex(0)].request_id == f"r{i}"
                     for g in batch.owned:
                         assert np.array_equal(batch.open(g), (a, b)[g.value])
-            if i == n // 2:
-                time.sleep(1.0)  # let the attack reach full speed mid-stream
+            if i == n // 2:  # the second half streams under the attack at full speed
+                inbox.get("hostile-attacking", timeout=60)
+        stop.set()
         _, sent, forged = inbox.get("hostile-done", timeout=60)
         kid.join(10)
         kid.close()  # its sentinel fd is the test's, not the producer's
@@ -706,6 +712,7 @@ def test_two_honest_ranks_get_every_byte_while_a_hostile_peer_attacks() -> None:
         assert st.consumers == (0, 1)
         assert not _fd_diff(before)[0], _fd_diff(before)
     finally:
+        stop.set()
         c0.close()
         c1.close()
         p.close()
