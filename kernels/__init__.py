@@ -13,6 +13,7 @@ launch (``mmwire[cuda12]`` / ``mmwire[cuda13]``).
 """
 
 from ._abi import FIELDS as FIELDS
+from ._abi import KERNEL_PROCESSORS as KERNEL_PROCESSORS
 from ._abi import KIMI_LAYOUT as KIMI_LAYOUT
 from ._abi import RECORD_FIELDS as RECORD_FIELDS
 from ._abi import OutputLayout as OutputLayout
@@ -34,6 +35,7 @@ from ._ops import to_device as to_device
 
 __all__ = [
     "FIELDS",
+    "KERNEL_PROCESSORS",
     "KIMI_LAYOUT",
     "RECORD_FIELDS",
     "SOURCE",

@@ -15,6 +15,7 @@ __all__ = [
     "FIELDS",
     "FUSED_MIN_BLOCKS",
     "FUSED_THREADS",
+    "KERNEL_PROCESSORS",
     "KIMI_LAYOUT",
     "KINDS",
     "MMA_GROUP_SHIFT",
@@ -168,6 +169,9 @@ class OutputLayout(NamedTuple):
 
 KIMI_LAYOUT = OutputLayout()
 """Rows ``(3, p, p)``, row-major over the grid."""
+
+KERNEL_PROCESSORS: frozenset[str] = frozenset(("kimi_vl", "qwen2_vl", "glm4v"))
+"""The processors (``PreprocessSpec.processor``) whose pixels the kernels compute."""
 
 
 def _enum(names: tuple[str, ...] | list[str]) -> str:

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from mmwire.transport import PreprocessSpec
 
-from ._abi import FUSED_THREADS, UNIT_BYTES, OutputLayout
+from ._abi import FUSED_THREADS, KERNEL_PROCESSORS, UNIT_BYTES, OutputLayout
 from ._affine import table_rows
 from ._descriptors import (
     MMA_SMEM_BYTES,
@@ -266,6 +266,11 @@ def preprocess_packed(
     """
     if dtype not in _BITS:
         raise ValueError(f"output dtype must be float32, bfloat16 or float16, got {dtype}")
+    if any(spec.processor not in KERNEL_PROCESSORS for spec in specs):
+        raise ValueError(
+            f"the kernels run the {sorted(KERNEL_PROCESSORS)} processors; "
+            "materialize others on the CPU path"
+        )
     plan = _plan(
         tuple((int(h), int(w), int(c)) for h, w, c in shapes),
         tuple(specs),

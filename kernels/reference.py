@@ -215,7 +215,7 @@ class Normalisation(NamedTuple):
 
 def normalisation_of(spec: PreprocessSpec) -> Normalisation:
     """The normalisation a raw item's spec asks for."""
-    if spec.windowed:
+    if spec.follows_transformers:
         return Normalisation(spec.image_mean, spec.image_std, "float32", spec.rescale_factor)
     return Normalisation(spec.image_mean, spec.image_std)
 

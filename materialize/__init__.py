@@ -8,12 +8,12 @@ namespace as ``mmwire.transport.errors``); Pillow's BICUBIC tables live in
 
 General layout: ``_families`` (the model families and ``spec_for``), one module per family
 (``_kimi``: Kimi's NaViT plan and ``KimiConfig``; ``_qwen``: ``smart_resize`` and
-``QwenVLConfig``; ``_glm``: ``Glm4vConfig``), ``_params`` (reading a checkpoint's processor
-parameters), ``_plan`` (the plan a received spec must have), ``_grids`` (grid/token
-arithmetic), ``_placeholders``, ``_defer`` (the producer's gate), ``_assign`` (vision-DP
-owners), ``_pipeline`` (the exact CPU pixel pipeline), ``_decode`` (an encoded item's decode
-at the owner), ``_compute`` (CPU or CUDA), ``_cache`` (the owner's cache of outputs),
-``_materializer`` (the owner rank's entry point).
+``QwenVLConfig``; ``_glm``: ``Glm4vConfig``; ``_gemma``: ``Gemma3Config``), ``_params``
+(reading a checkpoint's processor parameters), ``_plan`` (the plan a received spec must
+have), ``_grids`` (grid/token arithmetic), ``_placeholders``, ``_defer`` (the producer's
+gate), ``_assign`` (vision-DP owners), ``_pipeline`` (the exact CPU pixel pipeline),
+``_decode`` (an encoded item's decode at the owner), ``_compute`` (CPU or CUDA), ``_cache``
+(the owner's cache of outputs), ``_materializer`` (the owner rank's entry point).
 """
 
 from mmwire.transport import errors as errors
@@ -26,6 +26,8 @@ from ._defer import should_defer as should_defer
 from ._families import FAMILIES as FAMILIES
 from ._families import ModelSpec as ModelSpec
 from ._families import spec_for as spec_for
+from ._gemma import Gemma3Config as Gemma3Config
+from ._gemma import gemma3_image_prompt as gemma3_image_prompt
 from ._glm import Glm4vConfig as Glm4vConfig
 from ._grids import patches_per_item as patches_per_item
 from ._grids import split_by_tokens as split_by_tokens
@@ -47,6 +49,7 @@ __all__ = [
     "FAMILIES",
     "K3_BACKGROUND",
     "CacheStatistics",
+    "Gemma3Config",
     "Glm4vConfig",
     "KimiConfig",
     "MaterializedBatch",
@@ -58,6 +61,7 @@ __all__ = [
     "assign_owners",
     "errors",
     "expand_placeholders",
+    "gemma3_image_prompt",
     "k3_media_prompt",
     "owners_of",
     "patches_per_item",

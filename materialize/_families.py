@@ -3,7 +3,8 @@ checkpoint's processor parameters (the fields of its ``preprocessor_config.json`
 
 Each family has a module of its own holding its plan and its config class: ``_kimi``
 (``KimiConfig``, the NaViT plan), ``_qwen`` (``QwenVLConfig``, ``smart_resize``) and
-``_glm`` (``Glm4vConfig``: Qwen-VL's pixels under GLM's own ``smart_resize``). A
+``_glm`` (``Glm4vConfig``: Qwen-VL's pixels under GLM's own ``smart_resize``) and
+``_gemma`` (``Gemma3Config``: the whole image at one fixed size, BILINEAR). A
 config called with an image's size gives the wire's ``PreprocessSpec``, whose ``processor``
 field tells the owner which semantics to run; the deferral gate, the grid and token counts
 and the placeholder expansion all come from the config (``ModelSpec``). A new family adds a
@@ -18,6 +19,7 @@ from typing import Any, Literal, Protocol
 from mmwire.transport import PreprocessSpec, ResizePlan
 from mmwire.transport.errors import ConfigurationError
 
+from ._gemma import Gemma3Config, gemma3_config
 from ._glm import Glm4vConfig, glm_config
 from ._kimi import K3_BACKGROUND, KimiConfig, kimi_config
 from ._qwen import QwenVLConfig, qwen_config
@@ -62,7 +64,10 @@ _QWEN3 = QwenVLConfig(
     image_std=(0.5, 0.5, 0.5),
 )
 
-FAMILIES: dict[str, KimiConfig | QwenVLConfig] = {
+FamilySpec = KimiConfig | QwenVLConfig | Gemma3Config
+"""Any family's spec: what ``spec_for`` returns."""
+
+FAMILIES: dict[str, FamilySpec] = {
     "kimi-k2.5": KimiConfig(),
     "kimi-k3": KimiConfig(in_patch_limit=65536, background=K3_BACKGROUND, family="kimi-k3"),
     "qwen2-vl": QwenVLConfig(family="qwen2-vl"),
@@ -72,6 +77,8 @@ FAMILIES: dict[str, KimiConfig | QwenVLConfig] = {
     "glm-4.1v": Glm4vConfig(family="glm-4.1v"),
     "glm-4.5v": Glm4vConfig(family="glm-4.5v"),
     "glm-4.6v": Glm4vConfig(family="glm-4.6v"),
+    "gemma-3": Gemma3Config(),
+    "gemma3": Gemma3Config(family="gemma3"),
 }
 """Each family's spec with its checkpoints' defaults."""
 
@@ -101,7 +108,7 @@ _IGNORED = frozenset(
 )
 
 
-def spec_for(family: str, params: Mapping[str, Any] | None = None) -> KimiConfig | QwenVLConfig:
+def spec_for(family: str, params: Mapping[str, Any] | None = None) -> FamilySpec:
     """The spec of ``family`` (a key of :data:`FAMILIES`) for a checkpoint whose processor
     parameters are ``params`` (its ``preprocessor_config.json`` as a dict; omitted keys keep
     the family's defaults). The result is callable as ``Item(preprocess=spec)``.
@@ -113,8 +120,12 @@ def spec_for(family: str, params: Mapping[str, Any] | None = None) -> KimiConfig
     base = FAMILIES.get(family)
     if base is None:
         raise ConfigurationError(f"unknown family {family!r}; one of {sorted(FAMILIES)}")
-    given = {k: v for k, v in (params or {}).items() if k not in _IGNORED}
+    # Gemma's token count is its config's image_seq_length; other families ignore the key
+    kept = {"image_seq_length"} if isinstance(base, Gemma3Config) else set()
+    given = {k: v for k, v in (params or {}).items() if k not in _IGNORED - kept}
     try:
+        if isinstance(base, Gemma3Config):
+            return gemma3_config(base, given)
         if isinstance(base, Glm4vConfig):
             return glm_config(base, given)
         if isinstance(base, QwenVLConfig):

@@ -10,6 +10,7 @@ from typing import Any, Literal, Protocol, final
 
 import numpy as np
 import torch
+from mmwire.kernels import KERNEL_PROCESSORS
 from mmwire.transport import (
     EncodedImage,
     FeatureEnvelope,
@@ -80,7 +81,9 @@ class Materializer:
         compute: ``"cpu"`` computes with Pillow on the host (and uploads the result to a
             CUDA ``device``); ``"cuda"`` uploads each raw item's uint8 pixels once and runs
             the ``mmwire.kernels`` pipeline there; ``"auto"`` (default) is ``"cuda"`` for a
-            CUDA device when CuPy is installed, else ``"cpu"``. Both give the same bytes.
+            CUDA device when CuPy is installed, else ``"cpu"``. Both give the same bytes. A
+            batch with a family the kernels do not run yet (Gemma 3) is computed on the
+            host and uploaded.
         max_pixels: ceiling on a raw or encoded item's ``W·H`` (default
             ``MAX_IMAGE_PIXELS``, 40 MP), checked from its header before it is decoded.
         max_output_bytes: ceiling on one batch's ``pixel_values``, checked before anything
@@ -148,7 +151,8 @@ class Materializer:
 
             self._launcher = CupyLauncher(self.device)  # compiles the kernels once, up front
             for spec in (m(64, 64) for m in preprocess):
-                self._launcher.compile(spec.patch_size, output_layout(spec))
+                if spec.processor in KERNEL_PROCESSORS:  # the rest are computed on the host
+                    self._launcher.compile(spec.patch_size, output_layout(spec))
 
     def materialize(self, batch: PayloadSource, index_map: IndexMap) -> MaterializedBatch:
         """Model inputs for the items ``index_map`` gives this rank, in its local order."""
@@ -172,7 +176,8 @@ class Materializer:
                 f"({out_bytes} bytes of {self.dtype}), over `max_output_bytes` "
                 f"{self.max_output_bytes}"
             )
-        if self.compute == "cuda":
+        on_kernels = all(item.spec.processor in KERNEL_PROCESSORS for item in walk.raw)
+        if self.compute == "cuda" and on_kernels:
             return self._kept(walk, self._on_cuda(batch, index_map, walk, row_shape))
         pixel_values = torch.empty((walk.rows, *row_shape), dtype=self.dtype)
         decoded = self._decode_all(batch, walk.raw, pinned=False)

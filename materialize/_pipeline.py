@@ -1,11 +1,12 @@
 """The pixel pipeline of one checkpoint, exact on the CPU: pixels -> ``(Σ patches, *row)``.
 
-Per image: channel rules (``to_pixels``: Kimi keeps alpha, Qwen-VL composites it over white)
--> Pillow BICUBIC resize (RGBA premultiplied, by Pillow itself) -> transparent background
-(Kimi) -> pad right/bottom with raw 0 (Kimi) -> normalise through a per-channel 256-entry
-table in the reference's arithmetic (``mmwire.kernels.reference.normalise_table``) ->
-patchify: Kimi's rows ``(3, p, p)`` row-major over the grid; Qwen-VL's ``(3, T, p, p)``
-flattened, the plane repeated T times, ordered by merge window.
+Per image: channel rules (``to_pixels``: Kimi keeps alpha, Qwen-VL and Gemma 3 composite it
+over white) -> Pillow resize, BICUBIC (BILINEAR for Gemma 3; RGBA premultiplied, by Pillow
+itself) -> transparent background (Kimi) -> pad right/bottom with raw 0 (Kimi) -> normalise
+through a per-channel 256-entry table in the reference's arithmetic
+(``mmwire.kernels.reference.normalise_table``) -> patchify: Kimi's rows ``(3, p, p)``
+row-major over the grid; Qwen-VL's ``(3, T, p, p)`` flattened, the plane repeated T times,
+ordered by merge window; Gemma 3's whole image as one ``(3, H, W)``.
 
 The background composite is defined here, in float32, with this operation order (the
 CUDA kernels reproduce it without FMA contraction)::
@@ -21,6 +22,7 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
+from mmwire.kernels import KERNEL_PROCESSORS
 from mmwire.kernels.reference import normalisation_of
 from mmwire.kernels.reference import normalise_table as table_of
 from mmwire.transport import Background, Grid, PreprocessSpec
@@ -34,14 +36,20 @@ from ._kimi import KimiConfig
 
 __all__ = ["preprocess_images"]
 
+_BILINEAR = Image.Resampling.BILINEAR
+_BILINEAR_PROCESSORS = frozenset(("gemma3",))
+"""The processors that resize with Pillow's BILINEAR; the rest use BICUBIC."""
 
-def _resize(pixels: np.ndarray[Any, Any], new_w: int, new_h: int) -> np.ndarray[Any, Any]:
+
+def _resize(
+    pixels: np.ndarray[Any, Any], new_w: int, new_h: int, resample: Image.Resampling
+) -> np.ndarray[Any, Any]:
     h, w, ch = pixels.shape
     if (w, h) == (new_w, new_h):
         return pixels
     mode = {1: "L", 3: "RGB", 4: "RGBA"}[ch]
     im = Image.fromarray(pixels[:, :, 0] if ch == 1 else pixels, mode)
-    out = np.asarray(im.resize((new_w, new_h), Image.Resampling.BICUBIC))
+    out = np.asarray(im.resize((new_w, new_h), resample))
     return out[:, :, None] if out.ndim == 2 else out
 
 
@@ -70,7 +78,8 @@ def _composite(rgba: np.ndarray[Any, Any], bg: Background | None) -> np.ndarray[
 def canvas_of(pixels: np.ndarray[Any, Any], spec: PreprocessSpec) -> np.ndarray[Any, Any]:
     """Resized, composited, zero-padded uint8 ``(3, H', W')`` canvas of one image."""
     plan = spec.plan
-    resized = _resize(pixels, plan.new_width, plan.new_height)
+    resample = _BILINEAR if spec.processor in _BILINEAR_PROCESSORS else Image.Resampling.BICUBIC
+    resized = _resize(pixels, plan.new_width, plan.new_height, resample)
     ch = resized.shape[2]
     rgb = _composite(resized, spec.background) if ch == 4 else resized
     canvas = np.zeros((3, plan.padded_height, plan.padded_width), np.uint8)
@@ -97,10 +106,15 @@ def patchify_into(
     out: torch.Tensor, canvas: np.ndarray[Any, Any], spec: PreprocessSpec, table: torch.Tensor
 ) -> None:
     """Write the normalised rows of a uint8 canvas into ``out`` ``(patches, *row_shape)``:
-    each channel's plane ``temporal_patch_size`` times a row."""
-    p, t = spec.patch_size, spec.temporal_patch_size
-    idx = torch.from_numpy(patches_of(canvas, p, spec.merge_order)).to(torch.int32)
-    planes = out.view(idx.shape[0], 3, t, p * p)
+    each channel's plane ``temporal_patch_size`` times a row (the whole canvas is one row
+    for ``gemma3``)."""
+    t = spec.temporal_patch_size
+    if spec.processor == "gemma3":
+        rows = canvas.reshape(1, 3, -1)
+    else:
+        rows = patches_of(canvas, spec.patch_size, spec.merge_order)
+    idx = torch.from_numpy(rows).to(torch.int32)
+    planes = out.view(idx.shape[0], 3, t, idx.shape[2])
     for c in range(3):
         values = table[c][idx[:, c]]
         for k in range(t):
@@ -113,7 +127,10 @@ def produce(pixels: np.ndarray[Any, Any], spec: PreprocessSpec, out: torch.Tenso
         raise MaterializeError("an RGBA image for a processor that composites on the producer")
     canvas = canvas_of(pixels, spec)
     p = spec.patch_size
-    grid = Grid((1, canvas.shape[1] // p, canvas.shape[2] // p))
+    if spec.processor == "gemma3":
+        grid = Grid((1, 1, 1))
+    else:
+        grid = Grid((1, canvas.shape[1] // p, canvas.shape[2] // p))
     if out.shape[0] != grid.patches or tuple(out.shape[1:]) != spec.row_shape:
         raise MaterializeError(
             f"output has shape {list(out.shape)}, the image needs {grid.patches} rows of "
@@ -140,14 +157,16 @@ def preprocess_images(
     eager path and the owner's deferred path both run this, so they agree bit for bit. On a
     CUDA ``device``, ``compute="cuda"`` (``"auto"``'s choice when CuPy is installed)
     uploads the uint8 pixels once and runs ``mmwire.kernels``; ``"cpu"`` computes here and
-    uploads the result. Both give the same bytes. An image the family refuses (Qwen-VL: an
-    aspect ratio over 200) raises ``MaterializeError``.
+    uploads the result. Both give the same bytes. A family the kernels do not run yet
+    (Gemma 3, ``KERNEL_PROCESSORS``) is computed here and uploaded. An image the family
+    refuses (Qwen-VL: an aspect ratio over 200) raises ``MaterializeError``.
     """
 
     cfg: ModelSpec = preprocess or KimiConfig()
     pixels = [to_pixels(im, max_pixels=cfg.max_input_pixels, alpha=cfg.alpha) for im in images]
     specs = [cfg(px.shape[1], px.shape[0]) for px in pixels]
-    if pixels and resolve_compute(compute, torch.device(device)) == "cuda":
+    on_kernels = all(s.processor in KERNEL_PROCESSORS for s in specs)
+    if pixels and on_kernels and resolve_compute(compute, torch.device(device)) == "cuda":
         from mmwire.kernels import preprocess_packed
 
         flat = np.concatenate([px.reshape(-1) for px in pixels])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from mmwire.transport import PreprocessSpec, ResizePlan
 
+from ._gemma import plan_whole_resize
 from ._glm import plan_glm_resize
 from ._kimi import plan_resize
 from ._qwen import plan_smart_resize
@@ -13,6 +14,15 @@ __all__ = ["expected_plan"]
 
 def expected_plan(spec: PreprocessSpec) -> ResizePlan:
     """The plan a ``plan.width x plan.height`` image gets under the spec's own limits."""
+    if spec.processor == "gemma3":  # its limit is the target size itself (bounded by the schema)
+        plan = spec.plan
+        return plan_whole_resize(
+            plan.width,
+            plan.height,
+            new_width=plan.new_width,
+            new_height=plan.new_height,
+            tokens=plan.tokens,
+        )
     mh, mw = spec.merge_kernel
     if mh != mw:
         raise ValueError(f"a square merge kernel is needed to plan, got {[mh, mw]}")

@@ -30,12 +30,16 @@ def _import_pil_processors() -> tuple[Any, Any]:
             from transformers import Glm4vImageProcessorPil
         except ImportError:
             Glm4vImageProcessorPil = None
-        return Qwen2VLImageProcessorPil, Glm4vImageProcessorPil
+        try:
+            from transformers import Gemma3ImageProcessorPil
+        except ImportError:
+            Gemma3ImageProcessorPil = None
+        return Qwen2VLImageProcessorPil, Glm4vImageProcessorPil, Gemma3ImageProcessorPil
     finally:
         sys.path[:] = saved
 
 
-Qwen2VLImageProcessorPil, Glm4vImageProcessorPil = _import_pil_processors()
+Qwen2VLImageProcessorPil, Glm4vImageProcessorPil, Gemma3ImageProcessorPil = _import_pil_processors()
 
 QWEN_PARAMS: dict[str, dict[str, Any]] = {
     # the checkpoints' preprocessor_config.json, as published
@@ -99,6 +103,63 @@ GLM_PARAMS: dict[str, dict[str, Any]] = {
         "processor_class": "Glm4vProcessor",
     },
 }
+
+
+GEMMA_PARAMS: dict[str, dict[str, Any]] = {
+    # google/gemma-3-4b-it's preprocessor_config.json, as published
+    "gemma-3": {
+        "do_convert_rgb": None,
+        "do_normalize": True,
+        "do_pan_and_scan": None,
+        "do_rescale": True,
+        "do_resize": True,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_processor_type": "Gemma3ImageProcessor",
+        "image_seq_length": 256,
+        "image_std": [0.5, 0.5, 0.5],
+        "pan_and_scan_max_num_crops": None,
+        "pan_and_scan_min_crop_size": None,
+        "pan_and_scan_min_ratio_to_activate": None,
+        "processor_class": "Gemma3Processor",
+        "resample": 2,
+        "rescale_factor": 0.00392156862745098,
+        "size": {"height": 896, "width": 896},
+    },
+    # a smaller target, not square, with ImageNet statistics: every field is read
+    "gemma3": {
+        "do_pan_and_scan": False,
+        "image_mean": [0.485, 0.456, 0.406],
+        "image_std": [0.229, 0.224, 0.225],
+        "image_seq_length": 64,
+        "resample": 2,
+        "size": {"height": 224, "width": 320},
+    },
+}
+
+
+def gemma_reference(
+    images: Sequence[Any], params: dict[str, Any], dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, list[int]]:
+    """``(pixel_values, num_crops)`` from transformers' Pillow processor of Gemma 3, the fp32
+    values rounded once to ``dtype``."""
+    if Gemma3ImageProcessorPil is None:
+        import pytest
+
+        pytest.skip("this transformers has no Gemma3ImageProcessorPil")
+    kwargs = {
+        k: v
+        for k, v in params.items()
+        if k not in ("image_processor_type", "processor_class", "image_seq_length")
+    }
+    if kwargs.get("do_convert_rgb", False) is None:
+        # the published config's null reaches transformers as "don't convert", and it then
+        # refuses 1- and 4-channel images; engines hand it RGB (vLLM converts every image
+        # first), as its class default (convert) does
+        del kwargs["do_convert_rgb"]
+    got = Gemma3ImageProcessorPil(**kwargs)(list(images), return_tensors="np")
+    pixel_values = torch.from_numpy(np.ascontiguousarray(got["pixel_values"]))
+    assert pixel_values.dtype == torch.float32
+    return pixel_values.to(dtype), [int(n) for n in got["num_crops"]]
 
 
 def reference_processor(family: str, params: dict[str, Any]) -> Any:

@@ -103,17 +103,31 @@ __all__ = ["GlobalIndex"]
 
 
 def materialize_rank(
-    rank: int, ranks: int, endpoint: str, handover: str, limit: int, q: Any, batches: int = 1
+    rank: int,
+    ranks: int,
+    endpoint: str,
+    handover: str,
+    limit: int,
+    q: Any,
+    batches: int = 1,
+    by_pixels: bool = False,
 ) -> None:
-    """A scheduler rank: receive ``batches`` batches, materialise its own items of each,
-    report the bytes (closing sends the last release before the process ends)."""
+    """A scheduler rank: receive ``batches`` batches, materialise its own items of each
+    (owners assigned by patches, or ``by_pixels`` by input pixels), report the bytes
+    (closing sends the last release before the process ends)."""
     from mmwire.materialize import Materializer, assign_owners
 
     c = Consumer(rank, endpoint, handover=handover)
     try:
         for _ in range(batches):
             with c.recv(timeout=60) as b:
-                counts = [b.envelopes[g].grid.patches for g in b.envelopes.indices()]
+                envs = [b.envelopes[g] for g in b.envelopes.indices()]
+                counts = [
+                    e.preprocess.plan.width * e.preprocess.plan.height
+                    if by_pixels and e.preprocess is not None
+                    else e.grid.patches
+                    for e in envs
+                ]
                 my_map = assign_owners(counts, ranks)[rank]  # every rank computes it alone
                 out = Materializer(rank).materialize(b, my_map)
                 q.put(

@@ -520,6 +520,44 @@ def test_cuda_materializer_serves_qwen_items_over_a_registered_arena(
         p.close()
 
 
+def test_cuda_owner_computes_gemma_on_the_host_and_equals_transformers(
+    rng: np.random.Generator,
+) -> None:
+    # the kernels do not run Gemma 3 yet: a CUDA owner computes its items on the host and
+    # uploads them, with the same bytes as transformers' processor
+    from mmwire.materialize import Materializer, preprocess_images, spec_for
+    from mmwire.transport import IndexMap
+    from PIL import Image
+
+    oracle = pytest.importorskip("oracle")  # imports transformers
+    params = oracle.GEMMA_PARAMS["gemma-3"]
+    gemma = spec_for("gemma-3", params)
+    images: list[Any] = [
+        rng.integers(0, 256, (h, w, c), dtype=np.uint8)
+        for h, w, c in ((300, 211, 3), (97, 350, 4), (56, 84, 1), (1033, 1700, 3))
+    ]
+    want, _ = oracle.gemma_reference([Image.fromarray(im.squeeze()) for im in images], params)
+    got, grids = preprocess_images(images, gemma, device="cuda")
+    assert got.device.type == "cuda" and torch.equal(got.cpu(), want)
+    assert grids.cpu().tolist() == [[1, 1, 1]] * 4
+    p = Producer(arena_size=64 << 20)
+    c = Consumer(0, p.endpoint, handover=p.handover_path)
+    try:
+        p.wait_for_consumers([0])
+        c.register_with_cuda()
+        p.publish("g", [Item(data=im, consumers=(0,), preprocess=gemma) for im in images])
+        with c.recv(10) as b:
+            order = (2, 0, 3, 1)
+            m = IndexMap(0, [GlobalIndex(i) for i in order])
+            out = Materializer(0, device="cuda", preprocess=[gemma]).materialize(b, m)
+        assert out.pixel_values.device.type == "cuda"
+        assert torch.equal(out.pixel_values.cpu(), want[list(order)])
+        assert out.grid_thw.cpu().tolist() == [[1, 1, 1]] * 4
+    finally:
+        c.close()
+        p.close()
+
+
 def test_cuda_materializer_decodes_encoded_items_into_pinned_memory() -> None:
     # encoded JPEG/PNG/WebP items, decoded on the owner's threads into one pinned buffer and
     # uploaded from it, beside a raw item from the registered arena: the CPU path's bytes

@@ -78,14 +78,20 @@ EncodedFormat = Literal["JPEG", "PNG", "WEBP", "GIF", "BMP"]
 ENCODED_FORMATS: frozenset[str] = frozenset(("JPEG", "PNG", "WEBP", "GIF", "BMP"))
 """Containers an encoded item may carry (Pillow's format names): what clients send. Others
 are decoded on the producer, so an owner never runs a rarer decoder on a peer's bytes."""
-Processor = Literal["kimi_vl", "qwen2_vl", "glm4v"]
+Processor = Literal["kimi_vl", "qwen2_vl", "glm4v", "gemma3"]
 """Whose image-processor semantics a raw item follows: ``kimi_vl`` (Kimi-K2.5/K3's NaViT
 plan, rows ``(3, p, p)``), ``qwen2_vl`` (transformers' ``Qwen2VLImageProcessor``, which
 Qwen2-VL, Qwen2.5-VL and Qwen3-VL share: ``smart_resize``, rows ``(3·T·p·p,)`` by merge
-window) or ``glm4v`` (``Glm4vImageProcessor``, GLM-4.1V/4.5V/4.6V: Qwen-VL's pixels and
-rows under GLM's own ``smart_resize``)."""
+window), ``glm4v`` (``Glm4vImageProcessor``, GLM-4.1V/4.5V/4.6V: Qwen-VL's pixels and
+rows under GLM's own ``smart_resize``) or ``gemma3`` (``Gemma3ImageProcessor``: the whole
+image resized to one fixed size with BILINEAR, one row ``(3, H, W)``)."""
 WINDOWED_PROCESSORS: frozenset[str] = frozenset(("qwen2_vl", "glm4v"))
 """The processors whose pixels and rows are Qwen-VL's (they differ only in the plan)."""
+TRANSFORMERS_PROCESSORS: frozenset[str] = WINDOWED_PROCESSORS | {"gemma3"}
+"""The processors that follow transformers' Pillow backend: transparency composited over
+white on the producer, values normalised in float32 after a float64 rescale."""
+MAX_WHOLE_SIDE = 4096
+"""The largest side of a ``gemma3`` target (the checkpoints use 896)."""
 
 
 class Grid(msgspec.Struct, frozen=True, array_like=True):
@@ -339,6 +345,9 @@ class PreprocessSpec(msgspec.Struct, frozen=True, kw_only=True):
     * ``kimi_vl``: ``background`` ``None`` means alpha is dropped after the resize (K2.5);
       see :class:`Background` for K3. ``in_patch_limit``, ``patch_limit_on_one_side`` and
       ``fixed_output_tokens`` are the checkpoint's plan limits.
+    * ``gemma3``: the image is resized (BILINEAR) to the plan's ``new_width x new_height``
+      with no padding and becomes one row ``(3, H, W)`` of grid ``(1, 1, 1)``; values as
+      for ``qwen2_vl``, and transparency likewise composited over white on the producer.
     * ``qwen2_vl`` and ``glm4v``: ``min_pixels``/``max_pixels`` bound ``smart_resize``'s
       target (each family's own: GLM's counts two frames and enlarges sides under one
       merge window first), every
@@ -370,7 +379,13 @@ class PreprocessSpec(msgspec.Struct, frozen=True, kw_only=True):
     def alpha(self) -> Literal["keep", "white"]:
         """How the producer treats transparency (``mmwire.transport.images.to_pixels``): ``keep``
         it for the owner (Kimi), or composite it over ``white`` first (Qwen-VL)."""
-        return "white" if self.windowed else "keep"
+        return "white" if self.follows_transformers else "keep"
+
+    @property
+    def follows_transformers(self) -> bool:
+        """Whether values follow transformers' Pillow backend: ``float32(v · rescale_factor)``
+        (the product in float64), then ``(x - mean) / std`` in float32."""
+        return self.processor in TRANSFORMERS_PROCESSORS
 
     @property
     def windowed(self) -> bool:
@@ -389,6 +404,8 @@ class PreprocessSpec(msgspec.Struct, frozen=True, kw_only=True):
         p = self.patch_size
         if self.windowed:
             return (3 * self.temporal_patch_size * p * p,)
+        if self.processor == "gemma3":
+            return (3, self.plan.new_height, self.plan.new_width)
         return (3, p, p)
 
     def __post_init__(self) -> None:
@@ -428,6 +445,9 @@ class PreprocessSpec(msgspec.Struct, frozen=True, kw_only=True):
                 "`preprocess.temporal_patch_size`, `min_pixels` and `max_pixels` belong to "
                 "the qwen2_vl and glm4v processors"
             )
+        if self.processor == "gemma3":
+            self._check_whole()
+            return
         p = self.patch_size
         plan = self.plan
         if plan.padded_width % p or plan.padded_height % p:
@@ -440,6 +460,26 @@ class PreprocessSpec(msgspec.Struct, frozen=True, kw_only=True):
             raise GridMismatch(
                 f"`preprocess.plan.grid` {list(plan.grid.dims)} disagrees with the canvas "
                 f"{plan.padded_width}x{plan.padded_height} (expected h, w = {list(expected)})"
+            )
+
+    def _check_whole(self) -> None:
+        """A ``gemma3`` spec: one unpadded target of bounded size, one row, rescale in range."""
+        plan = self.plan
+        if self.background is not None:
+            raise MalformedEnvelope("gemma3 composites over white on the producer: no `background`")
+        if not (math.isfinite(self.rescale_factor) and 0 < self.rescale_factor <= 1):
+            raise MalformedEnvelope(
+                f"`preprocess.rescale_factor` must be in (0, 1], got {self.rescale_factor}"
+            )
+        if max(plan.new_width, plan.new_height) > MAX_WHOLE_SIDE:
+            raise DimensionError(
+                f"a gemma3 target is at most {MAX_WHOLE_SIDE} a side, got "
+                f"{plan.new_width}x{plan.new_height}"
+            )
+        if plan.pad_width or plan.pad_height or plan.grid.thw != (1, 1, 1):
+            raise GridMismatch(
+                f"a gemma3 plan is one unpadded row, got grid {list(plan.grid.thw)} padded "
+                f"by {plan.pad_width}x{plan.pad_height}"
             )
 
     def _check_windowed(self) -> None:
