@@ -8,12 +8,13 @@ namespace as ``mmwire.transport.errors``); Pillow's BICUBIC tables live in
 
 General layout: ``_families`` (the model families and ``spec_for``), one module per family
 (``_kimi``: Kimi's NaViT plan and ``KimiConfig``; ``_qwen``: ``smart_resize`` and
-``QwenVLConfig``; ``_glm``: ``Glm4vConfig``; ``_gemma``: ``Gemma3Config``), ``_params``
-(reading a checkpoint's processor parameters), ``_plan`` (the plan a received spec must
-have), ``_grids`` (grid/token arithmetic), ``_placeholders``, ``_defer`` (the producer's
-gate), ``_assign`` (vision-DP owners), ``_pipeline`` (the exact CPU pixel pipeline),
-``_decode`` (an encoded item's decode at the owner), ``_compute`` (CPU or CUDA), ``_cache``
-(the owner's cache of outputs), ``_materializer`` (the owner rank's entry point).
+``QwenVLConfig``; ``_glm``: ``Glm4vConfig``; ``_gemma``: ``Gemma3Config``; ``_internvl``:
+``InternVLConfig``), ``_params`` (reading a checkpoint's processor parameters), ``_plan``
+(the plan a received spec must have), ``_grids`` (grid/token arithmetic), ``_placeholders``,
+``_defer`` (the producer's gate), ``_assign`` (vision-DP owners), ``_pipeline`` (the exact
+CPU pixel pipeline), ``_decode`` (an encoded item's decode at the owner), ``_compute`` (CPU
+or CUDA), ``_cache`` (the owner's cache of outputs), ``_materializer`` (the owner rank's
+entry point).
 """
 
 from mmwire.transport import errors as errors
@@ -32,6 +33,8 @@ from ._glm import Glm4vConfig as Glm4vConfig
 from ._grids import patches_per_item as patches_per_item
 from ._grids import split_by_tokens as split_by_tokens
 from ._grids import tokens_per_item as tokens_per_item
+from ._internvl import InternVLConfig as InternVLConfig
+from ._internvl import internvl_image_prompt as internvl_image_prompt
 from ._kimi import K3_BACKGROUND as K3_BACKGROUND
 from ._kimi import KimiConfig as KimiConfig
 from ._kimi import plan_resize as plan_resize
@@ -51,6 +54,7 @@ __all__ = [
     "CacheStatistics",
     "Gemma3Config",
     "Glm4vConfig",
+    "InternVLConfig",
     "KimiConfig",
     "MaterializedBatch",
     "Materializer",
@@ -62,6 +66,7 @@ __all__ = [
     "errors",
     "expand_placeholders",
     "gemma3_image_prompt",
+    "internvl_image_prompt",
     "k3_media_prompt",
     "owners_of",
     "patches_per_item",

@@ -4,7 +4,8 @@ checkpoint's processor parameters (the fields of its ``preprocessor_config.json`
 Each family has a module of its own holding its plan and its config class: ``_kimi``
 (``KimiConfig``, the NaViT plan), ``_qwen`` (``QwenVLConfig``, ``smart_resize``) and
 ``_glm`` (``Glm4vConfig``: Qwen-VL's pixels under GLM's own ``smart_resize``) and
-``_gemma`` (``Gemma3Config``: the whole image at one fixed size, BILINEAR). A
+``_gemma`` (``Gemma3Config``: the whole image at one fixed size, BILINEAR) and ``_internvl``
+(``InternVLConfig``: tiles of 448 and a thumbnail). A
 config called with an image's size gives the wire's ``PreprocessSpec``, whose ``processor``
 field tells the owner which semantics to run; the deferral gate, the grid and token counts
 and the placeholder expansion all come from the config (``ModelSpec``). A new family adds a
@@ -21,6 +22,7 @@ from mmwire.transport.errors import ConfigurationError
 
 from ._gemma import Gemma3Config, gemma3_config
 from ._glm import Glm4vConfig, glm_config
+from ._internvl import InternVLConfig, internvl_config
 from ._kimi import K3_BACKGROUND, KimiConfig, kimi_config
 from ._qwen import QwenVLConfig, qwen_config
 
@@ -64,7 +66,7 @@ _QWEN3 = QwenVLConfig(
     image_std=(0.5, 0.5, 0.5),
 )
 
-FamilySpec = KimiConfig | QwenVLConfig | Gemma3Config
+FamilySpec = KimiConfig | QwenVLConfig | Gemma3Config | InternVLConfig
 """Any family's spec: what ``spec_for`` returns."""
 
 FAMILIES: dict[str, FamilySpec] = {
@@ -79,6 +81,9 @@ FAMILIES: dict[str, FamilySpec] = {
     "glm-4.6v": Glm4vConfig(family="glm-4.6v"),
     "gemma-3": Gemma3Config(),
     "gemma3": Gemma3Config(family="gemma3"),
+    "internvl3": InternVLConfig(),
+    "internvl3.5": InternVLConfig(family="internvl3.5"),
+    "internvl2.5": InternVLConfig(family="internvl2.5"),
 }
 """Each family's spec with its checkpoints' defaults."""
 
@@ -121,11 +126,13 @@ def spec_for(family: str, params: Mapping[str, Any] | None = None) -> FamilySpec
     if base is None:
         raise ConfigurationError(f"unknown family {family!r}; one of {sorted(FAMILIES)}")
     # Gemma's token count is its config's image_seq_length; other families ignore the key
-    kept = {"image_seq_length"} if isinstance(base, Gemma3Config) else set()
+    kept = {"image_seq_length"} if isinstance(base, Gemma3Config | InternVLConfig) else set()
     given = {k: v for k, v in (params or {}).items() if k not in _IGNORED - kept}
     try:
         if isinstance(base, Gemma3Config):
             return gemma3_config(base, given)
+        if isinstance(base, InternVLConfig):
+            return internvl_config(base, given)
         if isinstance(base, Glm4vConfig):
             return glm_config(base, given)
         if isinstance(base, QwenVLConfig):

@@ -161,6 +161,12 @@ class Materializer:
                 f"IndexMap is for rank {index_map.rank}, this is rank {self.rank}"
             )
         envs = [(local, g, batch.envelopes[g]) for local, g in index_map.items()]
+        processors = {e.preprocess.processor for _, _, e in envs if e.preprocess is not None}
+        if len(processors) > 1:  # rows of one shape may still be two families' (Gemma, InternVL)
+            raise MaterializeError(
+                f"items of one batch follow different processors {sorted(processors)}: one "
+                "family a batch"
+            )
         shapes = {_row_shape(e) for _, _, e in envs if e.kind != "embedding"}
         if len(shapes) > 1:
             raise MaterializeError(

@@ -6,7 +6,8 @@ itself) -> transparent background (Kimi) -> pad right/bottom with raw 0 (Kimi) -
 through a per-channel 256-entry table in the reference's arithmetic
 (``mmwire.kernels.reference.normalise_table``) -> patchify: Kimi's rows ``(3, p, p)``
 row-major over the grid; Qwen-VL's ``(3, T, p, p)`` flattened, the plane repeated T times,
-ordered by merge window; Gemma 3's whole image as one ``(3, H, W)``.
+ordered by merge window; Gemma 3's whole image as one ``(3, H, W)``; InternVL's tiles of the
+resized image, then its thumbnail (the image resized to one tile), each ``(3, h, w)``.
 
 The background composite is defined here, in float32, with this operation order (the
 CUDA kernels reproduce it without FMA contraction)::
@@ -111,6 +112,8 @@ def patchify_into(
     t = spec.temporal_patch_size
     if spec.processor == "gemma3":
         rows = canvas.reshape(1, 3, -1)
+    elif spec.processor == "internvl" and spec.tile is not None:
+        rows = tiles_of(canvas, spec.tile)
     else:
         rows = patches_of(canvas, spec.patch_size, spec.merge_order)
     idx = torch.from_numpy(rows).to(torch.int32)
@@ -121,14 +124,31 @@ def patchify_into(
             planes[:, c, k].copy_(values)
 
 
+def tiles_of(canvas: np.ndarray[Any, Any], tile: tuple[int, int]) -> np.ndarray[Any, Any]:
+    """A uint8 canvas ``(3, H, W)`` of whole ``(h, w)`` tiles as ``(tiles, 3, h·w)``, left
+    to right, top to bottom."""
+    th, tw = tile
+    _, hh, ww = canvas.shape
+    grid = canvas.reshape(3, hh // th, th, ww // tw, tw).transpose(1, 3, 0, 2, 4)
+    return np.ascontiguousarray(grid).reshape(-1, 3, th * tw)
+
+
+def _thumbnail(pixels: np.ndarray[Any, Any], tile: tuple[int, int]) -> np.ndarray[Any, Any]:
+    """An ``internvl`` image (1 or 3 channels) resized whole to one tile: ``(3, h, w)``."""
+    th, tw = tile
+    canvas = np.empty((3, th, tw), np.uint8)
+    canvas[:] = np.moveaxis(_resize(pixels, tw, th, Image.Resampling.BICUBIC), -1, 0)
+    return canvas
+
+
 def produce(pixels: np.ndarray[Any, Any], spec: PreprocessSpec, out: torch.Tensor) -> Grid:
     """Run the pipeline for one image into ``out`` (``(patches, *row_shape)``); its grid."""
     if pixels.shape[2] == 4 and spec.alpha == "white":
         raise MaterializeError("an RGBA image for a processor that composites on the producer")
     canvas = canvas_of(pixels, spec)
     p = spec.patch_size
-    if spec.processor == "gemma3":
-        grid = Grid((1, 1, 1))
+    if spec.processor in ("gemma3", "internvl"):
+        grid = spec.plan.grid
     else:
         grid = Grid((1, canvas.shape[1] // p, canvas.shape[2] // p))
     if out.shape[0] != grid.patches or tuple(out.shape[1:]) != spec.row_shape:
@@ -136,7 +156,14 @@ def produce(pixels: np.ndarray[Any, Any], spec: PreprocessSpec, out: torch.Tenso
             f"output has shape {list(out.shape)}, the image needs {grid.patches} rows of "
             f"{list(spec.row_shape)}"
         )
-    patchify_into(out, canvas, spec, table_of(normalisation_of(spec), out.dtype))
+    table = table_of(normalisation_of(spec), out.dtype)
+    if spec.processor == "internvl" and spec.tile is not None:
+        tiles = (canvas.shape[1] // spec.tile[0]) * (canvas.shape[2] // spec.tile[1])
+        patchify_into(out[:tiles], canvas, spec, table)
+        if grid.patches > tiles:  # more than one tile: the thumbnail comes last
+            patchify_into(out[tiles:], _thumbnail(pixels, spec.tile), spec, table)
+        return grid
+    patchify_into(out, canvas, spec, table)
     return grid
 
 

@@ -6,6 +6,7 @@ from mmwire.transport import PreprocessSpec, ResizePlan
 
 from ._gemma import plan_whole_resize
 from ._glm import plan_glm_resize
+from ._internvl import plan_tiles
 from ._kimi import plan_resize
 from ._qwen import plan_smart_resize
 
@@ -22,6 +23,15 @@ def expected_plan(spec: PreprocessSpec) -> ResizePlan:
             new_width=plan.new_width,
             new_height=plan.new_height,
             tokens=plan.tokens,
+        )
+    if spec.processor == "internvl" and spec.tile is not None:
+        n = spec.plan.grid.patches  # tokens: the spec's own count a row, checked positive
+        return plan_tiles(
+            spec.plan.width,
+            spec.plan.height,
+            tile=spec.tile,
+            tiles=spec.tiles,
+            tokens_per_tile=max(1, spec.plan.tokens // n),
         )
     mh, mw = spec.merge_kernel
     if mh != mw:

@@ -20,26 +20,36 @@ import torch
 _ROOT = Path(__file__).resolve().parent.parent
 
 
-def _import_pil_processors() -> tuple[Any, Any]:
+def _import_pil_processors() -> tuple[Any, Any, Any, Any]:
     saved = list(sys.path)
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _ROOT]
     try:
         from transformers import Qwen2VLImageProcessorPil
 
-        try:  # GLM's Pillow backend is newer than Qwen's; a machine may lack it
+        try:  # GLM's, Gemma's and InternVL's Pillow backends are newer; a machine may lack them
             from transformers import Glm4vImageProcessorPil
         except ImportError:
             Glm4vImageProcessorPil = None
         try:
-            from transformers import Gemma3ImageProcessorPil
+            from transformers import Gemma3ImageProcessorPil, GotOcr2ImageProcessorPil
         except ImportError:
-            Gemma3ImageProcessorPil = None
-        return Qwen2VLImageProcessorPil, Glm4vImageProcessorPil, Gemma3ImageProcessorPil
+            Gemma3ImageProcessorPil = GotOcr2ImageProcessorPil = None
+        return (
+            Qwen2VLImageProcessorPil,
+            Glm4vImageProcessorPil,
+            Gemma3ImageProcessorPil,
+            GotOcr2ImageProcessorPil,
+        )
     finally:
         sys.path[:] = saved
 
 
-Qwen2VLImageProcessorPil, Glm4vImageProcessorPil, Gemma3ImageProcessorPil = _import_pil_processors()
+(
+    Qwen2VLImageProcessorPil,
+    Glm4vImageProcessorPil,
+    Gemma3ImageProcessorPil,
+    GotOcr2ImageProcessorPil,
+) = _import_pil_processors()
 
 QWEN_PARAMS: dict[str, dict[str, Any]] = {
     # the checkpoints' preprocessor_config.json, as published
@@ -135,6 +145,82 @@ GEMMA_PARAMS: dict[str, dict[str, Any]] = {
         "size": {"height": 224, "width": 320},
     },
 }
+
+
+INTERNVL_PARAMS: dict[str, dict[str, Any]] = {
+    # OpenGVLab/InternVL3-8B-hf's preprocessor_config.json, as published
+    "internvl3": {
+        "crop_size": None,
+        "crop_to_patches": True,
+        "data_format": "channels_first",
+        "default_to_square": True,
+        "device": None,
+        "do_center_crop": None,
+        "do_convert_rgb": True,
+        "do_normalize": True,
+        "do_rescale": True,
+        "do_resize": True,
+        "image_mean": [0.485, 0.456, 0.406],
+        "image_processor_type": "GotOcr2ImageProcessorFast",
+        "image_std": [0.229, 0.224, 0.225],
+        "input_data_format": None,
+        "max_patches": 12,
+        "min_patches": 1,
+        "processor_class": "InternVLProcessor",
+        "resample": 3,
+        "rescale_factor": 0.00392156862745098,
+        "return_tensors": None,
+        "size": {"height": 448, "width": 448},
+    },
+    # small tiles, 2 to 6 of them, CLIP statistics: every field is read
+    "internvl3.5": {
+        "crop_to_patches": True,
+        "image_mean": [0.48145466, 0.4578275, 0.40821073],
+        "image_std": [0.26862954, 0.26130258, 0.27577711],
+        "max_patches": 6,
+        "min_patches": 2,
+        "resample": 3,
+        "size": {"height": 56, "width": 84},
+    },
+}
+_NOT_PROCESSOR_KWARGS = (
+    "image_processor_type",
+    "processor_class",
+    "image_seq_length",
+    "crop_size",
+    "do_center_crop",
+    "data_format",
+    "default_to_square",
+    "device",
+    "input_data_format",
+    "return_tensors",
+)
+
+
+def internvl_reference(
+    images: Sequence[Any], params: dict[str, Any], dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, list[int]]:
+    """``(pixel_values, num_patches)`` from transformers' Pillow ``GotOcr2ImageProcessor``
+    (InternVL's), the fp32 values rounded once to ``dtype``."""
+    if GotOcr2ImageProcessorPil is None:
+        import pytest
+
+        pytest.skip("this transformers has no GotOcr2ImageProcessorPil")
+    kwargs = {k: v for k, v in params.items() if k not in _NOT_PROCESSOR_KWARGS}
+    got = GotOcr2ImageProcessorPil(**kwargs)(list(images), return_tensors="np")
+    pixel_values = torch.from_numpy(np.ascontiguousarray(got["pixel_values"]))
+    assert pixel_values.dtype == torch.float32
+    return pixel_values.to(dtype), [int(n) for n in got["num_patches"]]
+
+
+def internvl_processor(params: dict[str, Any]) -> Any:
+    """transformers' Pillow ``GotOcr2ImageProcessor`` built from checkpoint ``params``."""
+    if GotOcr2ImageProcessorPil is None:
+        import pytest
+
+        pytest.skip("this transformers has no GotOcr2ImageProcessorPil")
+    kwargs = {k: v for k, v in params.items() if k not in _NOT_PROCESSOR_KWARGS}
+    return GotOcr2ImageProcessorPil(**kwargs)
 
 
 def gemma_reference(

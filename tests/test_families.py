@@ -287,7 +287,7 @@ def test_one_batch_cannot_mix_kimi_and_qwen_rows(rng: np.random.Generator) -> No
         _qwen_envelope(img, kimi, index=GlobalIndex(1), payload=InlineRef(frame=1)),
     ]
     [index_map] = assign_owners([4, 4], 1)
-    with pytest.raises(MaterializeError, match="rows of different shapes"):
+    with pytest.raises(MaterializeError, match="different processors"):
         Materializer(0).materialize(_Frames(envs, [img.tobytes()] * 2), index_map)
 
 

@@ -146,7 +146,7 @@ def test_a_batch_mixing_gemma_and_qwen_is_refused(rng: np.random.Generator) -> N
     second = {"index": GlobalIndex(1), "payload": InlineRef(frame=1)}
     envs = [_qwen_envelope(img, gemma), _qwen_envelope(img, qwen, **second)]
     [index_map] = assign_owners([1, qwen.plan.grid.patches], 1)
-    with pytest.raises(MaterializeError, match="different shapes"):
+    with pytest.raises(MaterializeError, match="different processors"):
         Materializer(0).materialize(_Frames(envs, [img.tobytes()] * 2), index_map)
 
 

@@ -520,39 +520,46 @@ def test_cuda_materializer_serves_qwen_items_over_a_registered_arena(
         p.close()
 
 
-def test_cuda_owner_computes_gemma_on_the_host_and_equals_transformers(
-    rng: np.random.Generator,
+@pytest.mark.parametrize("family", ["gemma-3", "internvl3"])
+def test_cuda_owner_computes_gemma_and_internvl_on_the_host_equal_to_transformers(
+    rng: np.random.Generator, family: str
 ) -> None:
-    # the kernels do not run Gemma 3 yet: a CUDA owner computes its items on the host and
-    # uploads them, with the same bytes as transformers' processor
+    # the kernels do not run these families yet: a CUDA owner computes their items on the
+    # host and uploads them, with the same bytes as transformers' processor
     from mmwire.materialize import Materializer, preprocess_images, spec_for
     from mmwire.transport import IndexMap
     from PIL import Image
 
     oracle = pytest.importorskip("oracle")  # imports transformers
-    params = oracle.GEMMA_PARAMS["gemma-3"]
-    gemma = spec_for("gemma-3", params)
+    if family == "gemma-3":
+        params, reference = oracle.GEMMA_PARAMS[family], oracle.gemma_reference
+    else:
+        params, reference = oracle.INTERNVL_PARAMS[family], oracle.internvl_reference
+    spec = spec_for(family, params)
     images: list[Any] = [
         rng.integers(0, 256, (h, w, c), dtype=np.uint8)
         for h, w, c in ((300, 211, 3), (97, 350, 4), (56, 84, 1), (1033, 1700, 3))
     ]
-    want, _ = oracle.gemma_reference([Image.fromarray(im.squeeze()) for im in images], params)
-    got, grids = preprocess_images(images, gemma, device="cuda")
+    want, counts = reference([Image.fromarray(im.squeeze()) for im in images], params)
+    got, grids = preprocess_images(images, spec, device="cuda")
     assert got.device.type == "cuda" and torch.equal(got.cpu(), want)
-    assert grids.cpu().tolist() == [[1, 1, 1]] * 4
+    rows = [n if family == "internvl3" else 1 for n in counts]
+    assert grids.cpu().tolist() == [[n, 1, 1] for n in rows]
     p = Producer(arena_size=64 << 20)
     c = Consumer(0, p.endpoint, handover=p.handover_path)
     try:
         p.wait_for_consumers([0])
         c.register_with_cuda()
-        p.publish("g", [Item(data=im, consumers=(0,), preprocess=gemma) for im in images])
+        p.publish("g", [Item(data=im, consumers=(0,), preprocess=spec) for im in images])
         with c.recv(10) as b:
             order = (2, 0, 3, 1)
             m = IndexMap(0, [GlobalIndex(i) for i in order])
-            out = Materializer(0, device="cuda", preprocess=[gemma]).materialize(b, m)
+            out = Materializer(0, device="cuda", preprocess=[spec]).materialize(b, m)
+        starts = np.cumsum([0, *rows])
+        expect = torch.cat([want[starts[i] : starts[i + 1]] for i in order])
         assert out.pixel_values.device.type == "cuda"
-        assert torch.equal(out.pixel_values.cpu(), want[list(order)])
-        assert out.grid_thw.cpu().tolist() == [[1, 1, 1]] * 4
+        assert torch.equal(out.pixel_values.cpu(), expect)
+        assert out.grid_thw.cpu().tolist() == [[rows[i], 1, 1] for i in order]
     finally:
         c.close()
         p.close()

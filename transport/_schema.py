@@ -78,20 +78,25 @@ EncodedFormat = Literal["JPEG", "PNG", "WEBP", "GIF", "BMP"]
 ENCODED_FORMATS: frozenset[str] = frozenset(("JPEG", "PNG", "WEBP", "GIF", "BMP"))
 """Containers an encoded item may carry (Pillow's format names): what clients send. Others
 are decoded on the producer, so an owner never runs a rarer decoder on a peer's bytes."""
-Processor = Literal["kimi_vl", "qwen2_vl", "glm4v", "gemma3"]
+Processor = Literal["kimi_vl", "qwen2_vl", "glm4v", "gemma3", "internvl"]
 """Whose image-processor semantics a raw item follows: ``kimi_vl`` (Kimi-K2.5/K3's NaViT
 plan, rows ``(3, p, p)``), ``qwen2_vl`` (transformers' ``Qwen2VLImageProcessor``, which
 Qwen2-VL, Qwen2.5-VL and Qwen3-VL share: ``smart_resize``, rows ``(3·T·p·p,)`` by merge
 window), ``glm4v`` (``Glm4vImageProcessor``, GLM-4.1V/4.5V/4.6V: Qwen-VL's pixels and
-rows under GLM's own ``smart_resize``) or ``gemma3`` (``Gemma3ImageProcessor``: the whole
-image resized to one fixed size with BILINEAR, one row ``(3, H, W)``)."""
+rows under GLM's own ``smart_resize``), ``gemma3`` (``Gemma3ImageProcessor``: the whole
+image resized to one fixed size with BILINEAR, one row ``(3, H, W)``) or ``internvl``
+(``GotOcr2ImageProcessor`` with ``crop_to_patches``, InternVL 2.5/3/3.5: the image resized
+to a grid of tiles, each tile a row ``(3, h, w)``, then a thumbnail row)."""
 WINDOWED_PROCESSORS: frozenset[str] = frozenset(("qwen2_vl", "glm4v"))
 """The processors whose pixels and rows are Qwen-VL's (they differ only in the plan)."""
-TRANSFORMERS_PROCESSORS: frozenset[str] = WINDOWED_PROCESSORS | {"gemma3"}
+TRANSFORMERS_PROCESSORS: frozenset[str] = WINDOWED_PROCESSORS | {"gemma3", "internvl"}
 """The processors that follow transformers' Pillow backend: transparency composited over
 white on the producer, values normalised in float32 after a float64 rescale."""
 MAX_WHOLE_SIDE = 4096
-"""The largest side of a ``gemma3`` target (the checkpoints use 896)."""
+"""The largest side of a ``gemma3`` target or an ``internvl`` tile (the checkpoints use 896
+and 448)."""
+MAX_TILES = 64
+"""The most tiles an ``internvl`` plan may have (the checkpoints allow 12)."""
 
 
 class Grid(msgspec.Struct, frozen=True, array_like=True):
@@ -348,6 +353,12 @@ class PreprocessSpec(msgspec.Struct, frozen=True, kw_only=True):
     * ``gemma3``: the image is resized (BILINEAR) to the plan's ``new_width x new_height``
       with no padding and becomes one row ``(3, H, W)`` of grid ``(1, 1, 1)``; values as
       for ``qwen2_vl``, and transparency likewise composited over white on the producer.
+    * ``internvl``: ``tile`` is one tile's ``(height, width)`` and ``tiles`` the least and
+      most tiles; the image is resized (BICUBIC) to the plan's ``new_width x new_height``, a
+      grid of whole tiles of the aspect ratio closest to the image's, cut into rows
+      ``(3, h, w)`` left to right, top to bottom, then, with more than one tile, the whole
+      image resized to one tile (the thumbnail): grid ``(tiles + thumbnail, 1, 1)``. Values
+      and transparency as for ``gemma3``.
     * ``qwen2_vl`` and ``glm4v``: ``min_pixels``/``max_pixels`` bound ``smart_resize``'s
       target (each family's own: GLM's counts two frames and enlarges sides under one
       merge window first), every
@@ -374,6 +385,8 @@ class PreprocessSpec(msgspec.Struct, frozen=True, kw_only=True):
     max_pixels: int | None = None
     temporal_patch_size: int = 1
     rescale_factor: float = 1 / 255
+    tile: tuple[int, int] | None = None
+    tiles: tuple[int, int] = (1, 1)
 
     @property
     def alpha(self) -> Literal["keep", "white"]:
@@ -406,6 +419,8 @@ class PreprocessSpec(msgspec.Struct, frozen=True, kw_only=True):
             return (3 * self.temporal_patch_size * p * p,)
         if self.processor == "gemma3":
             return (3, self.plan.new_height, self.plan.new_width)
+        if self.processor == "internvl" and self.tile is not None:
+            return (3, *self.tile)
         return (3, p, p)
 
     def __post_init__(self) -> None:
@@ -445,8 +460,15 @@ class PreprocessSpec(msgspec.Struct, frozen=True, kw_only=True):
                 "`preprocess.temporal_patch_size`, `min_pixels` and `max_pixels` belong to "
                 "the qwen2_vl and glm4v processors"
             )
+        if (self.tile, self.tiles) != (None, (1, 1)) and self.processor != "internvl":
+            raise MalformedEnvelope(
+                "`preprocess.tile` and `tiles` belong to the internvl processor"
+            )
         if self.processor == "gemma3":
             self._check_whole()
+            return
+        if self.processor == "internvl":
+            self._check_tiled()
             return
         p = self.patch_size
         plan = self.plan
@@ -462,15 +484,49 @@ class PreprocessSpec(msgspec.Struct, frozen=True, kw_only=True):
                 f"{plan.padded_width}x{plan.padded_height} (expected h, w = {list(expected)})"
             )
 
-    def _check_whole(self) -> None:
-        """A ``gemma3`` spec: one unpadded target of bounded size, one row, rescale in range."""
-        plan = self.plan
+    def _check_transformers_values(self) -> None:
+        name = self.processor
         if self.background is not None:
-            raise MalformedEnvelope("gemma3 composites over white on the producer: no `background`")
+            raise MalformedEnvelope(
+                f"{name} composites over white on the producer: no `background`"
+            )
         if not (math.isfinite(self.rescale_factor) and 0 < self.rescale_factor <= 1):
             raise MalformedEnvelope(
                 f"`preprocess.rescale_factor` must be in (0, 1], got {self.rescale_factor}"
             )
+
+    def _check_tiled(self) -> None:
+        """An ``internvl`` spec: tiles of bounded size, a canvas of whole tiles within
+        ``tiles``, and one row a tile plus the thumbnail's."""
+        self._check_transformers_values()
+        plan, lo, hi = self.plan, *self.tiles
+        if self.tile is None or not all(0 < side <= MAX_WHOLE_SIDE for side in self.tile):
+            raise DimensionError(
+                f"an internvl spec needs `tile` sides in 1..{MAX_WHOLE_SIDE}, got {self.tile}"
+            )
+        if not 1 <= lo <= hi <= MAX_TILES:
+            raise DimensionError(
+                f"an internvl spec needs 1 <= `tiles` <= {MAX_TILES}, got {list(self.tiles)}"
+            )
+        th, tw = self.tile
+        rows, cols = plan.new_height // th, plan.new_width // tw
+        n = rows * cols
+        if plan.new_height % th or plan.new_width % tw or not lo <= n <= hi:
+            raise GridMismatch(
+                f"an internvl canvas is {lo} to {hi} whole {tw}x{th} tiles, got "
+                f"{plan.new_width}x{plan.new_height}"
+            )
+        want = (n + (n > 1), 1, 1)
+        if plan.pad_width or plan.pad_height or plan.grid.thw != want:
+            raise GridMismatch(
+                f"an internvl plan of {n} tiles has grid {list(want)} and no padding, got "
+                f"{list(plan.grid.thw)} padded by {plan.pad_width}x{plan.pad_height}"
+            )
+
+    def _check_whole(self) -> None:
+        """A ``gemma3`` spec: one unpadded target of bounded size, one row, rescale in range."""
+        plan = self.plan
+        self._check_transformers_values()
         if max(plan.new_width, plan.new_height) > MAX_WHOLE_SIDE:
             raise DimensionError(
                 f"a gemma3 target is at most {MAX_WHOLE_SIDE} a side, got "
