@@ -33,6 +33,7 @@ from PIL import Image
 
 from ._compute import resolve_compute
 from ._families import ModelSpec
+from ._gemma import pan_and_scan_crops
 from ._kimi import KimiConfig
 
 __all__ = ["preprocess_images"]
@@ -157,6 +158,13 @@ def produce(pixels: np.ndarray[Any, Any], spec: PreprocessSpec, out: torch.Tenso
             f"{list(spec.row_shape)}"
         )
     table = table_of(normalisation_of(spec), out.dtype)
+    if spec.processor == "gemma3":  # the image, then each pan-and-scan crop resized alike
+        patchify_into(out[:1], canvas, spec, table)
+        boxes = pan_and_scan_crops(pixels.shape[1], pixels.shape[0], spec.pan_and_scan)
+        for k, (x, y, w, h) in enumerate(boxes, start=1):
+            crop = np.ascontiguousarray(pixels[y : y + h, x : x + w])
+            patchify_into(out[k : k + 1], canvas_of(crop, spec), spec, table)
+        return grid
     if spec.processor == "internvl" and spec.tile is not None:
         tiles = (canvas.shape[1] // spec.tile[0]) * (canvas.shape[2] // spec.tile[1])
         patchify_into(out[:tiles], canvas, spec, table)

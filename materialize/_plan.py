@@ -22,7 +22,8 @@ def expected_plan(spec: PreprocessSpec) -> ResizePlan:
             plan.height,
             new_width=plan.new_width,
             new_height=plan.new_height,
-            tokens=plan.tokens,
+            tokens=max(1, plan.tokens // plan.grid.patches),
+            pan=spec.pan_and_scan,
         )
     if spec.processor == "internvl" and spec.tile is not None:
         n = spec.plan.grid.patches  # tokens: the spec's own count a row, checked positive

@@ -237,6 +237,13 @@ def gemma_reference(
         for k, v in params.items()
         if k not in ("image_processor_type", "processor_class", "image_seq_length")
     }
+    if kwargs.get("do_pan_and_scan"):  # Gemma3Processor's defaults for what the config leaves null
+        defaults = {
+            "pan_and_scan_min_crop_size": 256,
+            "pan_and_scan_max_num_crops": 4,
+            "pan_and_scan_min_ratio_to_activate": 1.2,
+        }
+        kwargs.update({k: v for k, v in defaults.items() if kwargs.get(k) is None})
     if kwargs.get("do_convert_rgb", False) is None:
         # the published config's null reaches transformers as "don't convert", and it then
         # refuses 1- and 4-channel images; engines hand it RGB (vLLM converts every image

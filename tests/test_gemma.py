@@ -25,7 +25,7 @@ from mmwire.materialize import (
     should_defer,
     spec_for,
 )
-from mmwire.transport import GlobalIndex, Item, Producer
+from mmwire.transport import GlobalIndex, Grid, Item, PanAndScan, Producer
 from mmwire.transport.errors import ConfigurationError, DimensionError, GridMismatch
 from mmwire.transport.wire import InlineRef
 from oracle import GEMMA_PARAMS, gemma_reference
@@ -90,7 +90,8 @@ def test_spec_for_reads_the_published_config() -> None:
     ("params", "match"),
     [
         ({"resample": 3}, "BILINEAR"),
-        ({"do_pan_and_scan": True}, "pan-and-scan"),
+        ({"do_pan_and_scan": "yes"}, "do_pan_and_scan"),
+        ({"do_pan_and_scan": True, "pan_and_scan_max_num_crops": 99}, "max_crops"),
         ({"do_normalize": False}, "every step"),
         ({"do_convert_rgb": False}, "RGB"),
         ({"size": {"shortest_edge": 896}}, "height"),
@@ -103,8 +104,46 @@ def test_spec_for_refuses_what_it_cannot_reproduce(params: dict[str, Any], match
 
 
 def test_the_prompt_is_the_processors_expansion() -> None:
-    text = gemma3_image_prompt(3)
-    assert text == "\n\n<start_of_image>" + "<image_soft_token>" * 3 + "<end_of_image>\n\n"
+    one = "\n\n<start_of_image>" + "<image_soft_token>" * 3 + "<end_of_image>\n\n"
+    assert gemma3_image_prompt(3) == one
+    assert gemma3_image_prompt(3, crops=2) == (
+        f"Here is the original image {one} and here are some crops to help you see better "
+        f"{one} {one}"
+    )
+
+
+PAN = {
+    # the published config with pan-and-scan turned on: the processor's defaults fill in
+    "defaults": {**GEMMA_PARAMS["gemma-3"], "do_pan_and_scan": True},
+    # every parameter set, crops as narrow as 64 pixels, up to 7 of them, from 1.01:1
+    "wide-open": {
+        **GEMMA_PARAMS["gemma3"],
+        "do_pan_and_scan": True,
+        "pan_and_scan_min_crop_size": 64,
+        "pan_and_scan_max_num_crops": 7,
+        "pan_and_scan_min_ratio_to_activate": 1.01,
+    },
+}
+
+
+@pytest.mark.parametrize("name", PAN)
+def test_pan_and_scan_crops_equal_transformers(rng: np.random.Generator, name: str) -> None:
+    # wide, tall, square, just under and over the ratio, crops cut short at the edge
+    sizes = [(301, 203), (1500, 1000), (896, 896), (999, 37), (300, 2000), (1800, 900)]
+    sizes += [(100, 600), (1000, 257), (256, 513), (1000, 1300), (1000, 5000), (1201, 1000)]
+    images: list[Any] = [
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for w, h in sizes
+    ]
+    images += _modes(rng)
+    params = PAN[name]
+    want, crops = gemma_reference(images, params)
+    spec = spec_for("gemma-3", params)
+    got, grids = preprocess_images(images, spec)
+    assert [t - 1 for t, _, _ in grids.tolist()] == crops and sum(crops) > 10
+    assert [spec.tokens(*im.size) for im in images] == [
+        spec.image_seq_length * (1 + n) for n in crops
+    ]
+    assert got.shape == want.shape and int((_bits(got) != _bits(want)).sum()) == 0
 
 
 def test_deferral_weighs_the_fixed_output_against_the_input() -> None:
@@ -134,6 +173,22 @@ def test_an_owner_refuses_a_forged_gemma_plan(rng: np.random.Generator) -> None:
     want, _ = gemma_reference([img], GEMMA_PARAMS["gemma-3"])
     assert out.pixel_values.numpy().tobytes() == want.numpy().tobytes()
     assert out.grid_thw.tolist() == [[1, 1, 1]]
+    # with pan-and-scan, a crop more than the image gets is refused before any work
+    panned = spec_for("gemma-3", {"do_pan_and_scan": True, "pan_and_scan_min_crop_size": 8})
+    spec = panned(90, 20)
+    assert spec.plan.grid.t == 1 + 4  # 4.5:1, capped at the default 4 crops
+    frames = _Frames([_qwen_envelope(img, spec, grid=spec.plan.grid)], [img.tobytes()])
+    [five] = assign_owners([5], 1)
+    assert Materializer(0).materialize(frames, five).pixel_values.shape[0] == 5
+    fewer = PanAndScan(8, 2, 1.2)
+    with pytest.raises(GridMismatch, match="at most 2"):  # more rows than its own limit
+        msgspec.structs.replace(spec, pan_and_scan=fewer)
+    more = msgspec.structs.replace(spec.plan, grid=Grid((4, 1, 1)))
+    forged = msgspec.structs.replace(spec, plan=more)  # 3 crops: valid, not its own
+    frames = _Frames([_qwen_envelope(img, forged, grid=more.grid)], [img.tobytes()])
+    [four] = assign_owners([4], 1)
+    with pytest.raises(GridMismatch, match="not the one"):
+        Materializer(0).materialize(frames, four)
 
 
 def test_a_batch_mixing_gemma_and_qwen_is_refused(rng: np.random.Generator) -> None:
@@ -151,11 +206,12 @@ def test_a_batch_mixing_gemma_and_qwen_is_refused(rng: np.random.Generator) -> N
 
 
 def test_owner_ranks_in_other_processes_equal_transformers(rng: np.random.Generator) -> None:
-    # PIL images of every mode, raw, to 3 ranks in their own processes; owners balanced by
-    # input pixels, so each rank's items come in a permuted order
-    params = GEMMA_PARAMS["gemma3"]
+    # PIL images of every mode, raw, pan-and-scan on, to 3 ranks in their own processes;
+    # owners balanced by input pixels, so each rank's items come in a permuted order
+    params = PAN["wide-open"]
     family = spec_for("gemma3", params)
     images = _modes(rng)
+    assert any(family.plan(*im.size).grid.t > 1 for im in images)  # some have crops
     ranks = 3
     q = procs.CHILDREN.Queue()
     p = Producer(arena_size=1 << 24)
@@ -182,11 +238,11 @@ def test_owner_ranks_in_other_processes_equal_transformers(rng: np.random.Genera
         for _ in range(ranks):
             _, rank, order, pv, grids = q.get(timeout=120)
             results[rank] = (order, pv, grids)
-        want = [gemma_reference([im], params)[0] for im in images]
+        want = [gemma_reference([im], params) for im in images]
         for rank, (order, pv, grids) in results.items():
             assert order == [g.value for g in maps[rank].globals]
-            assert pv == torch.cat([want[i] for i in order]).numpy().tobytes(), rank
-            assert grids == [[1, 1, 1]] * len(order)
+            assert pv == torch.cat([want[i][0] for i in order]).numpy().tobytes(), rank
+            assert grids == [[1 + want[i][1][0], 1, 1] for i in order]
     finally:
         for k in kids:
             k.join(20)

@@ -48,6 +48,7 @@ from ._schema import Background as Background
 from ._schema import EncodedImage as EncodedImage
 from ._schema import FeatureEnvelope as FeatureEnvelope
 from ._schema import Grid as Grid
+from ._schema import PanAndScan as PanAndScan
 from ._schema import PreprocessSpec as PreprocessSpec
 from ._schema import Processor as Processor
 from ._schema import ResizePlan as ResizePlan
@@ -77,6 +78,7 @@ __all__ = [
     "LocalSlots",
     "LostRequest",
     "MooncakeTransfer",
+    "PanAndScan",
     "PreprocessSpec",
     "Processor",
     "Producer",

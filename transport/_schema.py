@@ -40,6 +40,7 @@ __all__ = [
     "FeatureEnvelope",
     "Grid",
     "InlineRef",
+    "PanAndScan",
     "PayloadRef",
     "PreprocessSpec",
     "Processor",
@@ -97,6 +98,8 @@ MAX_WHOLE_SIDE = 4096
 and 448)."""
 MAX_TILES = 64
 """The most tiles an ``internvl`` plan may have (the checkpoints allow 12)."""
+MAX_CROPS = 16
+"""The most pan-and-scan crops a ``gemma3`` plan may have (the processor's default is 4)."""
 
 
 class Grid(msgspec.Struct, frozen=True, array_like=True):
@@ -341,6 +344,30 @@ _MAX_ABS_MEAN = 1e3
 _STD_RANGE = (1e-6, 1e3)
 
 
+class PanAndScan(msgspec.Struct, frozen=True, array_like=True):
+    """Gemma 3's pan-and-scan: an image wider or taller than ``min_ratio`` also gets up to
+    ``max_crops`` side-by-side crops of at least ``min_crop`` pixels a side, each resized
+    like the whole image (``Gemma3ImageProcessor.pan_and_scan``)."""
+
+    min_crop: int
+    max_crops: int
+    min_ratio: float
+
+    def __post_init__(self) -> None:
+        if not 0 < self.min_crop <= MAX_WHOLE_SIDE:
+            raise DimensionError(
+                f"`pan_and_scan.min_crop` must be in 1..{MAX_WHOLE_SIDE}, got {self.min_crop}"
+            )
+        if not 0 < self.max_crops <= MAX_CROPS:
+            raise DimensionError(
+                f"`pan_and_scan.max_crops` must be in 1..{MAX_CROPS}, got {self.max_crops}"
+            )
+        if not (math.isfinite(self.min_ratio) and 0 < self.min_ratio <= 1e6):
+            raise MalformedEnvelope(
+                f"`pan_and_scan.min_ratio` must be finite and positive, got {self.min_ratio}"
+            )
+
+
 class PreprocessSpec(msgspec.Struct, frozen=True, kw_only=True):
     """Everything the owner needs to turn a raw item into model inputs.
 
@@ -351,8 +378,9 @@ class PreprocessSpec(msgspec.Struct, frozen=True, kw_only=True):
       see :class:`Background` for K3. ``in_patch_limit``, ``patch_limit_on_one_side`` and
       ``fixed_output_tokens`` are the checkpoint's plan limits.
     * ``gemma3``: the image is resized (BILINEAR) to the plan's ``new_width x new_height``
-      with no padding and becomes one row ``(3, H, W)`` of grid ``(1, 1, 1)``; values as
-      for ``qwen2_vl``, and transparency likewise composited over white on the producer.
+      with no padding and becomes one row ``(3, H, W)``, followed by one row for each
+      ``pan_and_scan`` crop (grid ``(1 + crops, 1, 1)``); values as for ``qwen2_vl``, and
+      transparency likewise composited over white on the producer.
     * ``internvl``: ``tile`` is one tile's ``(height, width)`` and ``tiles`` the least and
       most tiles; the image is resized (BICUBIC) to the plan's ``new_width x new_height``, a
       grid of whole tiles of the aspect ratio closest to the image's, cut into rows
@@ -387,6 +415,7 @@ class PreprocessSpec(msgspec.Struct, frozen=True, kw_only=True):
     rescale_factor: float = 1 / 255
     tile: tuple[int, int] | None = None
     tiles: tuple[int, int] = (1, 1)
+    pan_and_scan: PanAndScan | None = None
 
     @property
     def alpha(self) -> Literal["keep", "white"]:
@@ -464,6 +493,8 @@ class PreprocessSpec(msgspec.Struct, frozen=True, kw_only=True):
             raise MalformedEnvelope(
                 "`preprocess.tile` and `tiles` belong to the internvl processor"
             )
+        if self.pan_and_scan is not None and self.processor != "gemma3":
+            raise MalformedEnvelope("`preprocess.pan_and_scan` belongs to the gemma3 processor")
         if self.processor == "gemma3":
             self._check_whole()
             return
@@ -524,7 +555,8 @@ class PreprocessSpec(msgspec.Struct, frozen=True, kw_only=True):
             )
 
     def _check_whole(self) -> None:
-        """A ``gemma3`` spec: one unpadded target of bounded size, one row, rescale in range."""
+        """A ``gemma3`` spec: one unpadded target of bounded size, one row for the image and
+        one a pan-and-scan crop, rescale in range."""
         plan = self.plan
         self._check_transformers_values()
         if max(plan.new_width, plan.new_height) > MAX_WHOLE_SIDE:
@@ -532,10 +564,12 @@ class PreprocessSpec(msgspec.Struct, frozen=True, kw_only=True):
                 f"a gemma3 target is at most {MAX_WHOLE_SIDE} a side, got "
                 f"{plan.new_width}x{plan.new_height}"
             )
-        if plan.pad_width or plan.pad_height or plan.grid.thw != (1, 1, 1):
+        crops = 0 if self.pan_and_scan is None else self.pan_and_scan.max_crops
+        t, h, w = plan.grid.thw
+        if plan.pad_width or plan.pad_height or (h, w) != (1, 1) or not 1 <= t <= 1 + crops:
             raise GridMismatch(
-                f"a gemma3 plan is one unpadded row, got grid {list(plan.grid.thw)} padded "
-                f"by {plan.pad_width}x{plan.pad_height}"
+                f"a gemma3 plan is one unpadded row and one a crop (at most {crops}), got grid "
+                f"{list(plan.grid.thw)} padded by {plan.pad_width}x{plan.pad_height}"
             )
 
     def _check_windowed(self) -> None:
