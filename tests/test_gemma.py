@@ -62,7 +62,7 @@ def test_photos_and_encoded_bytes_equal_transformers() -> None:
     from conftest import photo_path
 
     photos = [Image.open(photo_path(n)).convert("RGB") for n in ("astronaut.png", "coffee.png")]
-    images: list[Any] = [*photos, photos[0].resize((4000, 3000)), photos[1].resize((97, 411))]
+    images: list[Any] = [*photos, photos[0].resize((1601, 1203)), photos[1].resize((97, 411))]
     _assert_exact(images, GEMMA_PARAMS["gemma-3"], torch.float32)
     encoded = []
     for k, im in enumerate(images):
@@ -134,12 +134,15 @@ def test_pan_and_scan_crops_equal_transformers(rng: np.random.Generator, name: s
     images: list[Any] = [
         Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for w, h in sizes
     ]
-    images += _modes(rng)
+    if name == "wide-open":  # small outputs: every mode too
+        images += _modes(rng)
+    else:  # 896 x 896 rows: the wide, tall and edge cases only
+        images = [images[k] for k in (1, 3, 4, 7, 10)]
     params = PAN[name]
     want, crops = gemma_reference(images, params)
     spec = spec_for("gemma-3", params)
     got, grids = preprocess_images(images, spec)
-    assert [t - 1 for t, _, _ in grids.tolist()] == crops and sum(crops) > 10
+    assert [t - 1 for t, _, _ in grids.tolist()] == crops and sum(crops) >= 8
     assert [spec.tokens(*im.size) for im in images] == [
         spec.image_seq_length * (1 + n) for n in crops
     ]
