@@ -101,6 +101,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     en.add_argument("--turns", type=int, default=4)
     en.add_argument("--reps", type=int, default=300, help="publishes per async/sync cell")
     en.add_argument("--device", default="cpu", help="the owners' materializer: cpu or cuda")
+    en.add_argument(
+        "--max-megapixels",
+        type=float,
+        default=3.2,
+        help="draw photos only from the sizes up to this many megapixels (0.3 to 3.2)",
+    )
     args = parser.parse_args(argv)
     if args.record:
         if not RECORD_DIR.is_dir():
@@ -178,7 +184,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ._engine import run_engine
 
         run_engine(
-            args.ranks, args.conversations, args.turns, args.reps, args.device, out_dir=args.out
+            args.ranks,
+            args.conversations,
+            args.turns,
+            args.reps,
+            args.device,
+            out_dir=args.out,
+            max_megapixels=args.max_megapixels,
         )
     elif command == "gpu-transport":
         from ._gpu_transport import run_gpu_transport

@@ -42,9 +42,15 @@ WAYS = ("no reuse", "reuse + cache")
 PAYLOADS = {"64 KiB": 64 << 10, "4 MiB": 4 << 20}
 
 
-def trace(conversations: int, turns: int, seed: int = 7) -> list[list[bytes]]:
+def trace(
+    conversations: int, turns: int, seed: int = 7, max_megapixels: float = 3.2
+) -> list[list[bytes]]:
     """Requests of a multi-turn trace, turn by turn across conversations: turn ``t`` of a
-    conversation sends its ``t`` images so far (JPEG, mixed sizes), the newest last."""
+    conversation sends its ``t`` images so far (JPEG, sizes of at most ``max_megapixels``),
+    the newest last."""
+    sizes = [s for s in SIZES if s[0] * s[1] <= max_megapixels * 1e6]
+    if not sizes:
+        raise ValueError(f"no photo size within {max_megapixels} megapixels")
     rng = np.random.default_rng(seed)
     photos = [
         Image.open(DATA / f).convert("RGB") for f in ("coffee.png", "astronaut.png", "chelsea.png")
@@ -53,7 +59,7 @@ def trace(conversations: int, turns: int, seed: int = 7) -> list[list[bytes]]:
     out = []
     for _ in range(turns):
         for conv in history:
-            w, h = SIZES[int(rng.integers(len(SIZES)))]
+            w, h = sizes[int(rng.integers(len(sizes)))]
             photo = photos[int(rng.integers(len(photos)))]
             buf = io.BytesIO()
             photo.resize((w, h)).save(buf, "JPEG", quality=int(rng.integers(80, 95)))
@@ -167,11 +173,12 @@ def run_engine(
     device: str = "cpu",
     out_dir: Path | None = None,
     console: Console | None = None,
+    max_megapixels: float = 3.2,
 ) -> Path:
     """The trace with and without reuse and caching (owners on ``device``), then the async
     overhead."""
     console = console or Console()
-    requests = trace(conversations, turns)
+    requests = trace(conversations, turns, max_megapixels=max_megapixels)
     images = sum(len(r) for r in requests)
     cells = [_trace_cell(way, requests, ranks, device) for way in WAYS]
     overhead = _overhead(reps)
@@ -180,6 +187,7 @@ def run_engine(
         "ranks": ranks,
         "device": device,
         "family": FAMILY,
+        "max_megapixels": max_megapixels,
         "requests": len(requests),
         "images": images,
         "repeats": images - len({data for r in requests for data in r}),

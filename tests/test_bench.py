@@ -145,6 +145,7 @@ def test_pipeline_runs_every_way_from_the_bytes_and_every_owner_reports(tmp_path
 
 def test_engine_runs_the_trace_both_ways_and_the_async_overhead(tmp_path: Path) -> None:
     args = ["--out", str(tmp_path / "r"), "engine", "--conversations", "2", "--turns", "3"]
+    args += ["--max-megapixels", "0.8"]
     assert main([*args, "--reps", "20"]) == 0
     (run,) = (tmp_path / "r").iterdir()
     data = json.loads((run / "results.json").read_text())
@@ -153,7 +154,7 @@ def test_engine_runs_the_trace_both_ways_and_the_async_overhead(tmp_path: Path) 
     assert off["way"] == "no reuse" and on["way"] == "reuse + cache"
     assert off["cache_hits"] == 0 and on["cache_hits"] == 6  # every repeat, once per turn
     assert off["bytes_named"] == on["bytes_named"]  # the same requests, the same envelopes
-    requests = trace(2, 3)
+    requests = trace(2, 3, max_megapixels=0.8)
     assert off["bytes_copied"] == sum(len(b) for r in requests for b in r)
     # only each conversation's new image was copied: its last turn holds them all once
     assert on["bytes_copied"] == sum(len(b) for r in requests[-2:] for b in r)
