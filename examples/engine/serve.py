@@ -22,15 +22,20 @@ from mmwire.materialize import FAMILIES, spec_for
 from mmwire.transport import AsyncProducer
 from rank import serve_rank
 
+# Ranks fork from a server that imported torch, mmwire and the rank's module once: a
+# spawned rank spends seconds importing them, each. The server never touches CUDA, so a
+# rank may use it after the fork, as a spawned one would.
+RANKS = mp.get_context("forkserver")
+RANKS.set_forkserver_preload(["torch", "mmwire.transport", "mmwire.materialize", "rank"])
+
 
 async def main(args: argparse.Namespace) -> None:
     spec = spec_for(args.family)
     reports = f"ipc://@mmwire-example-{secrets.token_hex(8)}-reports"  # abstract: no file
     async with AsyncProducer(arena_size=args.arena_mib << 20) as producer:
         frontend = Frontend(producer, reports, spec, args.ranks)
-        spawn = mp.get_context("spawn")
         ranks = [
-            spawn.Process(
+            RANKS.Process(
                 target=serve_rank,
                 args=(r, producer.address, reports, args.cache_mib << 20),
                 name=f"rank-{r}",
