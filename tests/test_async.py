@@ -120,11 +120,17 @@ def test_async_publish_awaits_back_pressure_without_blocking_the_loop() -> None:
             await ap.publish("a", [_item(imgs[0])])
             await ap.publish("b", [_item(imgs[1])])
             third = asyncio.create_task(ap.publish("c", [_item(imgs[2])]))
-            await asyncio.sleep(0.3)
-            assert not third.done()  # waiting for room, on the worker thread
+
+            async def waiting() -> None:
+                while ap.statistics().arena.waiting_for_room == 0:
+                    await asyncio.sleep(0.005)
+
+            await asyncio.wait_for(waiting(), 10)  # it reached the wait for room
+            assert not third.done()  # and waits, on the worker thread
             first = await c.recv(5)  # the loop is free: this rank still receives
             first.release()
             await asyncio.wait_for(third, 10)
+            assert ap.statistics().arena.waiting_for_room == 0
             for name in ("b", "c"):
                 async with c.recv(5) as batch:
                     assert batch.envelopes[GlobalIndex(0)].request_id == name

@@ -136,6 +136,8 @@ class ArenaStatistics:
     """Payloads referenced again by digest instead of being copied."""
     bytes_reused: int = 0
     """Payload bytes not copied because they were reused."""
+    waiting_for_room: int = 0
+    """Publishes waiting now for releases to make room (back-pressure)."""
 
 
 @dataclass
@@ -210,6 +212,7 @@ class Arena:
         self._retained_bytes = 0
         self._reused = 0
         self._reused_bytes = 0
+        self._waiting = 0
         self._generation = 0
         self._in_use = 0
         self._peak = 0
@@ -325,6 +328,26 @@ class Arena:
                 f"request needs {need} bytes; the arena holds at most {self.capacity} "
                 f"(`arena_size` {self.size}); raise `arena_size` or split the request"
             )
+        lease = self.try_allocate(item_sizes, holders, tag)
+        if lease is not None:
+            return lease
+        with self._lock:
+            self._waiting += 1
+        try:
+            return self._wait_for_room(item_sizes, holders, timeout, drain, tag, need)
+        finally:
+            with self._lock:
+                self._waiting -= 1
+
+    def _wait_for_room(
+        self,
+        item_sizes: list[int],
+        holders: set[int],
+        timeout: float,
+        drain: Callable[[float], None] | None,
+        tag: str,
+        need: int,
+    ) -> Lease:
         deadline = time.monotonic() + timeout
         while True:
             lease = self.try_allocate(item_sizes, holders, tag)
@@ -465,6 +488,7 @@ class Arena:
                 leases_retained=len(self._retained),
                 payloads_reused=self._reused,
                 bytes_reused=self._reused_bytes,
+                waiting_for_room=self._waiting,
             )
 
     def close(self) -> None:
