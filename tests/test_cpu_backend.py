@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import os
 import signal
@@ -287,9 +288,11 @@ def test_ten_thousand_requests_keep_fds_and_rss_flat(pair: tuple[Producer, Consu
             return next(int(line.split()[1]) for line in f if line.startswith("VmRSS"))
 
     run(500)
+    gc.collect()  # an earlier test's garbage closing its descriptors mid-run is no gain here
     fds, rss = len(os.listdir("/proc/self/fd")), rss_kib()
     run(10_000)
-    assert len(os.listdir("/proc/self/fd")) == fds
+    gc.collect()
+    assert len(os.listdir("/proc/self/fd")) <= fds  # a leak adds; nothing here may
     assert rss_kib() - rss < 8 * 1024, "RSS grew by more than 8 MiB over 10k requests"
     assert settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
     assert p.statistics().arena.bytes_in_use == 0

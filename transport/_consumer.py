@@ -232,8 +232,10 @@ class Consumer:
     def producer_alive(self) -> bool:
         """False once the producer's handover connection has closed (it died, closed, or
         ended this process's member), or it sent a notice that this member ended."""
-        if self._cut_off is not None or (self._lane is not None and self._lane.ended):
+        if self._cut_off is not None:
             return False
+        if self._lane is not None and self._lane.closed_by_producer():
+            return False  # it ends a member's lane first, before releasing what it held
         conn = self._handover_conn
         if conn is None:
             return True

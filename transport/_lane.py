@@ -182,6 +182,18 @@ class LaneReader:
             return True
         raise FrameError(f"a lane packet of {n} bytes of unknown kind {bytes(kind)!r}")
 
+    def closed_by_producer(self) -> bool:
+        """Whether the producer closed the lane and nothing is left to read (a peek: a
+        waiting packet stays for ``take``)."""
+        if self.ended:
+            return True
+        try:
+            return self.sock.recv(1, socket.MSG_PEEK) == b""
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            return True
+
     def send(self, body: bytes) -> bool:
         """Send a release or ``Done``; False if the lane is full now (try again later).
         ``OSError``: the producer's end is closed."""
