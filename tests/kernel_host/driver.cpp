@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 #include <ucontext.h>
 
+#include <csetjmp>
 #include <cstdlib>
 #include <deque>
 #include <vector>
@@ -27,23 +28,30 @@ static void run(const unsigned grid[2], const unsigned block[2], F kernel) {
 
 // The fibers of a block: each a thread of the block with its own stack and the per-thread
 // state the shim keeps in globals (threadIdx, blockIdx, pending cp.async copies), swapped
-// in when the scheduler resumes it.
+// in when the scheduler resumes it. A fiber starts with setcontext and then switches with
+// _setjmp/_longjmp, which keep the signal mask alone: swapcontext's two system calls a
+// switch were most of a barrier's cost (the build turns _FORTIFY_SOURCE off, whose
+// longjmp check refuses a jump to another stack).
 struct mmwire_fiber {
   ucontext_t context;
+  jmp_buf jump;
   mmwire_dim thread, block;
   std::vector<std::pair<void*, const void*>> copies;
-  bool done = false;
+  bool started = false, done = false;
 };
-static ucontext_t mmwire_scheduler;
+static jmp_buf mmwire_scheduler;
 static mmwire_fiber* mmwire_running = nullptr;
 static void* mmwire_kernel = nullptr;
 
-static void mmwire_yield() { swapcontext(&mmwire_running->context, &mmwire_scheduler); }
+static void mmwire_yield() {
+  if (!_setjmp(mmwire_running->jump)) _longjmp(mmwire_scheduler, 1);
+}
 
 template <typename F>
-static void mmwire_fiber_main() {
+[[noreturn]] static void mmwire_fiber_main() {
   (*static_cast<F*>(mmwire_kernel))();
-  mmwire_running->done = true;  // returning resumes the scheduler (uc_link)
+  mmwire_running->done = true;
+  _longjmp(mmwire_scheduler, 1);  // back to the scheduler; this stack is never resumed
 }
 
 // Every block in turn; its threads run as fibers that switch at each barrier.
@@ -74,10 +82,11 @@ static void run_threads(const unsigned grid[2], const unsigned block[2], F kerne
         f.thread = {k % block[0], k / block[0], 0};
         f.block = {bx, by, 0};
         f.done = false;
+        f.started = false;
         getcontext(&f.context);
         f.context.uc_stack.ss_sp = static_cast<char*>(stacks) + k * stack;
         f.context.uc_stack.ss_size = stack;
-        f.context.uc_link = &mmwire_scheduler;
+        f.context.uc_link = nullptr;
         makecontext(&f.context, mmwire_fiber_main<F>, 0);
       }
       for (unsigned left = n; left > 0;) {  // round robin until every thread returned
@@ -87,7 +96,11 @@ static void run_threads(const unsigned grid[2], const unsigned block[2], F kerne
           threadIdx = f.thread;
           blockIdx = f.block;
           std::swap(mmwire_copies, f.copies);
-          swapcontext(&mmwire_scheduler, &f.context);
+          if (!_setjmp(mmwire_scheduler)) {
+            if (f.started) _longjmp(f.jump, 1);
+            f.started = true;
+            setcontext(&f.context);
+          }
           std::swap(mmwire_copies, f.copies);
           left -= f.done;
         }
