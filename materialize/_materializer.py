@@ -82,8 +82,8 @@ class Materializer:
             CUDA ``device``); ``"cuda"`` uploads each raw item's uint8 pixels once and runs
             the ``mmwire.kernels`` pipeline there; ``"auto"`` (default) is ``"cuda"`` for a
             CUDA device when CuPy is installed, else ``"cpu"``. Both give the same bytes. A
-            batch with a family the kernels do not run yet (Gemma 3) is computed on the
-            host and uploaded.
+            batch with a family the kernels do not run yet (Gemma 3, InternVL) is computed
+            on the host and uploaded.
         max_pixels: ceiling on a raw or encoded item's ``W·H`` (default
             ``MAX_IMAGE_PIXELS``, 40 MP), checked from its header before it is decoded.
         max_output_bytes: ceiling on one batch's ``pixel_values``, checked before anything

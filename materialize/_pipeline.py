@@ -1,13 +1,14 @@
 """The pixel pipeline of one checkpoint, exact on the CPU: pixels -> ``(Σ patches, *row)``.
 
-Per image: channel rules (``to_pixels``: Kimi keeps alpha, Qwen-VL and Gemma 3 composite it
-over white) -> Pillow resize, BICUBIC (BILINEAR for Gemma 3; RGBA premultiplied, by Pillow
-itself) -> transparent background (Kimi) -> pad right/bottom with raw 0 (Kimi) -> normalise
-through a per-channel 256-entry table in the reference's arithmetic
-(``mmwire.kernels.reference.normalise_table``) -> patchify: Kimi's rows ``(3, p, p)``
-row-major over the grid; Qwen-VL's ``(3, T, p, p)`` flattened, the plane repeated T times,
-ordered by merge window; Gemma 3's whole image as one ``(3, H, W)``; InternVL's tiles of the
-resized image, then its thumbnail (the image resized to one tile), each ``(3, h, w)``.
+Per image: channel rules (``to_pixels``: Kimi keeps alpha, the transformers families
+composite it over white) -> Pillow resize, BICUBIC (BILINEAR for Gemma 3; RGBA
+premultiplied, by Pillow itself) -> transparent background (Kimi) -> pad right/bottom with
+raw 0 (Kimi) -> normalise through a per-channel 256-entry table in the reference's
+arithmetic (``mmwire.kernels.reference.normalise_table``) -> patchify: Kimi's rows
+``(3, p, p)`` row-major over the grid; Qwen-VL's ``(3, T, p, p)`` flattened, the plane repeated T
+times, ordered by merge window; Gemma 3's whole image as one ``(3, H, W)``, then each
+pan-and-scan crop of it resized alike; InternVL's tiles of the resized image, then its
+thumbnail (the image resized to one tile), each ``(3, h, w)``.
 
 The background composite is defined here, in float32, with this operation order (the
 CUDA kernels reproduce it without FMA contraction)::
@@ -161,6 +162,8 @@ def produce(pixels: np.ndarray[Any, Any], spec: PreprocessSpec, out: torch.Tenso
     if spec.processor == "gemma3":  # the image, then each pan-and-scan crop resized alike
         patchify_into(out[:1], canvas, spec, table)
         boxes = pan_and_scan_crops(pixels.shape[1], pixels.shape[0], spec.pan_and_scan)
+        if len(boxes) != grid.patches - 1:
+            raise MaterializeError(f"the image has {len(boxes)} crops, its plan {grid.patches - 1}")
         for k, (x, y, w, h) in enumerate(boxes, start=1):
             crop = np.ascontiguousarray(pixels[y : y + h, x : x + w])
             patchify_into(out[k : k + 1], canvas_of(crop, spec), spec, table)
