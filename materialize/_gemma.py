@@ -15,7 +15,7 @@ from mmwire.transport import Grid, PanAndScan, PreprocessSpec, Processor, Resize
 from mmwire.transport.errors import ConfigurationError
 from mmwire.transport.images import MAX_IMAGE_PIXELS
 
-from ._params import leftover, required, take, triple
+from ._params import height_width, leftover, required, take, triple
 
 __all__ = [
     "Gemma3Config",
@@ -180,15 +180,9 @@ def gemma3_config(base: Gemma3Config, given: dict[str, Any]) -> Gemma3Config:
     if pan_on:
         min_crop, max_crops, min_ratio = (d if v is None else v for v, d in zip(pan, _PAN_DEFAULTS))
         out["pan_and_scan"] = PanAndScan(int(min_crop), int(max_crops), float(min_ratio))
-    size = given.pop("size", None)
+    size = height_width(given)
     if size is not None:
-        size = dict(size)
-        h, w = size.pop("height", None), size.pop("width", None)
-        if size or h is None or w is None:
-            raise ConfigurationError(
-                f"`size` must give `height` and `width`, got {given.get('size', size)}"
-            )
-        out["height"], out["width"] = int(h), int(w)
+        out["height"], out["width"] = size
     take(
         given,
         out,

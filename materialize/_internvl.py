@@ -14,7 +14,7 @@ from mmwire.transport import Grid, PreprocessSpec, Processor, ResizePlan
 from mmwire.transport.errors import ConfigurationError
 from mmwire.transport.images import MAX_IMAGE_PIXELS
 
-from ._params import leftover, required, take, triple
+from ._params import height_width, leftover, required, take, triple
 
 __all__ = ["InternVLConfig", "internvl_config", "internvl_image_prompt", "plan_tiles"]
 
@@ -167,15 +167,9 @@ def internvl_config(base: InternVLConfig, given: dict[str, Any]) -> InternVLConf
         if given.pop(key, None) not in (None, False):
             raise ConfigurationError(f"`{key}` must be null: InternVL does not center-crop")
     out: dict[str, Any] = {}
-    size = given.pop("size", None)
+    size = height_width(given)
     if size is not None:
-        size = dict(size)
-        h, w = size.pop("height", None), size.pop("width", None)
-        if size or h is None or w is None:
-            raise ConfigurationError(
-                f"`size` must give `height` and `width`, got {given.get('size', size)}"
-            )
-        out["tile_height"], out["tile_width"] = int(h), int(w)
+        out["tile_height"], out["tile_width"] = size
     take(
         given,
         out,

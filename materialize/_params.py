@@ -9,12 +9,25 @@ from typing import Any
 
 from mmwire.transport.errors import ConfigurationError
 
-__all__ = ["leftover", "required", "take", "triple"]
+__all__ = ["height_width", "leftover", "required", "take", "triple"]
 
 
 def required(given: dict[str, Any], key: str, want: object, why: str) -> None:
     if key in given and given.pop(key) != want:
         raise ConfigurationError(f"`{key}` must be {want!r}: {why}")
+
+
+def height_width(given: dict[str, Any]) -> tuple[int, int] | None:
+    """``size`` as ``{"height": h, "width": w}``, taken out of ``given``: ``(h, w)``, or
+    ``None`` when the config has no ``size``."""
+    size = given.pop("size", None)
+    if size is None:
+        return None
+    rest = dict(size)
+    h, w = rest.pop("height", None), rest.pop("width", None)
+    if rest or h is None or w is None:
+        raise ConfigurationError(f"`size` must give `height` and `width`, got {size}")
+    return int(h), int(w)
 
 
 def triple(value: Any) -> tuple[float, float, float]:

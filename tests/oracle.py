@@ -197,30 +197,38 @@ _NOT_PROCESSOR_KWARGS = (
 )
 
 
+def _pil_processor(cls: Any, name: str, params: dict[str, Any]) -> Any:
+    """``cls`` (a Pillow-backend class, ``None`` where this transformers lacks it: skip)
+    built from a checkpoint's ``params``, less the keys that are not its kwargs."""
+    if cls is None:
+        import pytest
+
+        pytest.skip(f"this transformers has no {name}")
+    return cls(**{k: v for k, v in params.items() if k not in _NOT_PROCESSOR_KWARGS})
+
+
+def _rows_and_counts(
+    processor: Any, images: Sequence[Any], counts: str, dtype: torch.dtype
+) -> tuple[torch.Tensor, list[int]]:
+    """``processor``'s ``pixel_values`` (fp32, rounded once to ``dtype``) and its per-image
+    ``counts`` key."""
+    got = processor(list(images), return_tensors="np")
+    pixel_values = torch.from_numpy(np.ascontiguousarray(got["pixel_values"]))
+    assert pixel_values.dtype == torch.float32
+    return pixel_values.to(dtype), [int(n) for n in got[counts]]
+
+
+def internvl_processor(params: dict[str, Any]) -> Any:
+    """transformers' Pillow ``GotOcr2ImageProcessor`` built from checkpoint ``params``."""
+    return _pil_processor(GotOcr2ImageProcessorPil, "GotOcr2ImageProcessorPil", params)
+
+
 def internvl_reference(
     images: Sequence[Any], params: dict[str, Any], dtype: torch.dtype = torch.float32
 ) -> tuple[torch.Tensor, list[int]]:
     """``(pixel_values, num_patches)`` from transformers' Pillow ``GotOcr2ImageProcessor``
     (InternVL's), the fp32 values rounded once to ``dtype``."""
-    if GotOcr2ImageProcessorPil is None:
-        import pytest
-
-        pytest.skip("this transformers has no GotOcr2ImageProcessorPil")
-    kwargs = {k: v for k, v in params.items() if k not in _NOT_PROCESSOR_KWARGS}
-    got = GotOcr2ImageProcessorPil(**kwargs)(list(images), return_tensors="np")
-    pixel_values = torch.from_numpy(np.ascontiguousarray(got["pixel_values"]))
-    assert pixel_values.dtype == torch.float32
-    return pixel_values.to(dtype), [int(n) for n in got["num_patches"]]
-
-
-def internvl_processor(params: dict[str, Any]) -> Any:
-    """transformers' Pillow ``GotOcr2ImageProcessor`` built from checkpoint ``params``."""
-    if GotOcr2ImageProcessorPil is None:
-        import pytest
-
-        pytest.skip("this transformers has no GotOcr2ImageProcessorPil")
-    kwargs = {k: v for k, v in params.items() if k not in _NOT_PROCESSOR_KWARGS}
-    return GotOcr2ImageProcessorPil(**kwargs)
+    return _rows_and_counts(internvl_processor(params), images, "num_patches", dtype)
 
 
 def gemma_reference(
@@ -228,31 +236,21 @@ def gemma_reference(
 ) -> tuple[torch.Tensor, list[int]]:
     """``(pixel_values, num_crops)`` from transformers' Pillow processor of Gemma 3, the fp32
     values rounded once to ``dtype``."""
-    if Gemma3ImageProcessorPil is None:
-        import pytest
-
-        pytest.skip("this transformers has no Gemma3ImageProcessorPil")
-    kwargs = {
-        k: v
-        for k, v in params.items()
-        if k not in ("image_processor_type", "processor_class", "image_seq_length")
-    }
-    if kwargs.get("do_pan_and_scan"):  # Gemma3Processor's defaults for what the config leaves null
+    params = dict(params)
+    if params.get("do_pan_and_scan"):  # Gemma3Processor's defaults for what the config leaves null
         defaults = {
             "pan_and_scan_min_crop_size": 256,
             "pan_and_scan_max_num_crops": 4,
             "pan_and_scan_min_ratio_to_activate": 1.2,
         }
-        kwargs.update({k: v for k, v in defaults.items() if kwargs.get(k) is None})
-    if kwargs.get("do_convert_rgb", False) is None:
+        params.update({k: v for k, v in defaults.items() if params.get(k) is None})
+    if params.get("do_convert_rgb", False) is None:
         # the published config's null reaches transformers as "don't convert", and it then
         # refuses 1- and 4-channel images; engines hand it RGB (vLLM converts every image
         # first), as its class default (convert) does
-        del kwargs["do_convert_rgb"]
-    got = Gemma3ImageProcessorPil(**kwargs)(list(images), return_tensors="np")
-    pixel_values = torch.from_numpy(np.ascontiguousarray(got["pixel_values"]))
-    assert pixel_values.dtype == torch.float32
-    return pixel_values.to(dtype), [int(n) for n in got["num_crops"]]
+        del params["do_convert_rgb"]
+    processor = _pil_processor(Gemma3ImageProcessorPil, "Gemma3ImageProcessorPil", params)
+    return _rows_and_counts(processor, images, "num_crops", dtype)
 
 
 def reference_processor(family: str, params: dict[str, Any]) -> Any:
