@@ -7,9 +7,10 @@ Qwen-VL's by merge window: a module per ``OutputLayout``), tile by tile in share
 for many images of different sizes per launch; on compute capability 8.0+
 the resize passes of images resized on both axes run exactly on the int8 tensor cores.
 ``resize`` and ``preprocess`` are the entry points; the CUDA ``Materializer`` backend uses
-``preprocess_packed`` on the images it uploads. What the kernels share with the host is set
-once, in Python, and passed to the compiler (``compile_options``). CuPy is needed only to
-launch (``mmwire[cuda12]`` / ``mmwire[cuda13]``).
+``preprocess_packed`` on the images it uploads, and ``preprocess_regions`` for the families
+whose rows are whole tiles (InternVL, Gemma 3: BICUBIC or BILINEAR, crops read in place).
+What the kernels share with the host is set once, in Python, and passed to the compiler
+(``compile_options``). CuPy is needed only to launch (``mmwire[cuda12]`` / ``mmwire[cuda13]``).
 """
 
 from ._abi import FIELDS as FIELDS
@@ -32,6 +33,9 @@ from ._ops import preprocess_packed as preprocess_packed
 from ._ops import resize as resize
 from ._ops import resize_packed as resize_packed
 from ._ops import to_device as to_device
+from ._regions import Region as Region
+from ._regions import preprocess_regions as preprocess_regions
+from ._regions import region_patch as region_patch
 
 __all__ = [
     "FIELDS",
@@ -44,6 +48,7 @@ __all__ = [
     "Launcher",
     "Layout",
     "OutputLayout",
+    "Region",
     "compile_options",
     "kernel_source",
     "layout_of",
@@ -51,6 +56,8 @@ __all__ = [
     "pack",
     "preprocess",
     "preprocess_packed",
+    "preprocess_regions",
+    "region_patch",
     "resize",
     "resize_packed",
     "to_device",

@@ -73,6 +73,7 @@ FIELDS: tuple[str, ...] = (
     "TILED",  # 1: the tile's source window (and intermediate) in shared memory
     "TILE_PH",  # patches per tile, down and across (fused launch)
     "TILE_PW",
+    "SRC_PITCH",  # bytes from one source row to the next (a crop's rows lie in a wider image)
 )
 """One image's descriptor row (int64 fields, ``enum Field`` in the kernels; ``NF`` long)."""
 
@@ -170,8 +171,11 @@ class OutputLayout(NamedTuple):
 KIMI_LAYOUT = OutputLayout()
 """Rows ``(3, p, p)``, row-major over the grid."""
 
-KERNEL_PROCESSORS: frozenset[str] = frozenset(("kimi_vl", "qwen2_vl", "glm4v"))
-"""The processors (``PreprocessSpec.processor``) whose pixels the kernels compute."""
+KERNEL_PROCESSORS: frozenset[str] = frozenset(
+    ("kimi_vl", "qwen2_vl", "glm4v", "gemma3", "internvl")
+)
+"""The processors (``PreprocessSpec.processor``) whose pixels the kernels compute (those
+whose rows are whole tiles through ``preprocess_regions``)."""
 
 
 def _enum(names: tuple[str, ...] | list[str]) -> str:

@@ -25,7 +25,7 @@ from ._abi import (
     RECORD_FLAGS,
     Kind,
 )
-from .reference import bicubic_coefficients, pass_order
+from .reference import Filter, coefficients, pass_order
 
 __all__ = [
     "FIELDS",
@@ -101,7 +101,13 @@ the block's own 3.3 KiB this stays under the 48 KiB a launch gets without opting
 
 @dataclass(frozen=True)
 class ImageJob:
-    """One image of a launch: its uint8 HWC shape, resize target, background and grid."""
+    """One image of a launch: its uint8 HWC shape, resize target, background and grid.
+
+    A job may read a region of another job's pixels instead of its own (a crop, or the
+    whole image resized again as a thumbnail): ``src_at`` is the byte offset of its first
+    pixel in the launch's source and ``src_pitch`` the bytes from one of its rows to the
+    next. Without ``src_at`` a job's pixels follow the previous job's own, packed.
+    """
 
     in_w: int
     in_h: int
@@ -115,6 +121,15 @@ class ImageJob:
     """Which (3, 256) normalise table of the launch this image uses."""
     row: int | None = None
     """Output row of the first patch (default: right after the previous image's)."""
+    filter: Filter = "bicubic"
+    """Pillow's resampling filter."""
+    src_at: int | None = None
+    src_pitch: int = 0
+    """Bytes from one source row to the next (0: ``in_w * ch``, packed)."""
+
+    @property
+    def pitch(self) -> int:
+        return self.src_pitch or self.in_w * self.ch
 
 
 @dataclass(frozen=True, eq=False)
@@ -179,9 +194,9 @@ def _tile_window(
     rows, cols = min(tile[0] * patch, job.out_h), min(tile[1] * patch, job.out_w)
     win_rows = win_cols = 0
     if _VERTICAL in passes:
-        win_rows = _spans(bicubic_coefficients(job.in_h, job.out_h), job.out_h, rows)
+        win_rows = _spans(coefficients(job.in_h, job.out_h, job.filter), job.out_h, rows)
     if _HORIZONTAL in passes:
-        win_cols = _spans(bicubic_coefficients(job.in_w, job.out_w), job.out_w, cols)
+        win_cols = _spans(coefficients(job.in_w, job.out_w, job.filter), job.out_w, cols)
     return rows, cols, win_rows or rows, win_cols or cols
 
 
@@ -327,25 +342,27 @@ def _mma_reach(c: Any, size: int, starts: Any, tile: int, block: int = 16) -> tu
 
 @lru_cache(maxsize=1024)
 def _axis_reach(
-    in_size: int, out_size: int, tile: int, tiles: int, block: int = 16
+    in_size: int, out_size: int, tile: int, tiles: int, block: int = 16, filter: Filter = "bicubic"
 ) -> tuple[int, int]:
     """``_mma_reach`` of an axis cut into ``tiles`` tiles of ``tile`` outputs (cached: the
     tile search measures each shape's axes, and the narrow rule asks for the same reach)."""
-    c = bicubic_coefficients(in_size, out_size)
+    c = coefficients(in_size, out_size, filter)
     return _mma_reach(c, out_size, np.arange(tiles) * tile, tile, block)
 
 
-def _narrow_fits(in_size: int, out_size: int, tile: int, tiles: int) -> bool:
+def _narrow_fits(
+    in_size: int, out_size: int, tile: int, tiles: int, filter: Filter = "bicubic"
+) -> bool:
     """Whether an MMA axis cut into ``tiles`` tiles of ``tile`` outputs has 16-output blocks
     of two 32-input steps and 8-output blocks of one step each (``MMA_NARROW``)."""
-    return _axis_reach(in_size, out_size, tile, tiles)[1] > 1 and (
-        _axis_reach(in_size, out_size, tile, tiles, 8)[1] == 1
+    return _axis_reach(in_size, out_size, tile, tiles, filter=filter)[1] > 1 and (
+        _axis_reach(in_size, out_size, tile, tiles, 8, filter)[1] == 1
     )
 
 
-def _narrow(in_size: int, out_size: int, tile: int, tiles: int) -> bool:
+def _narrow(in_size: int, out_size: int, tile: int, tiles: int, filter: Filter = "bicubic") -> bool:
     """Whether an MMA axis takes narrow blocks (``MMA_NARROW`` and ``_narrow_fits``)."""
-    return MMA_NARROW and _narrow_fits(in_size, out_size, tile, tiles)
+    return MMA_NARROW and _narrow_fits(in_size, out_size, tile, tiles, filter)
 
 
 def _mma_raw(job: ImageJob, v_first: bool, src_offset: int) -> bool:
@@ -353,7 +370,7 @@ def _mma_raw(job: ImageJob, v_first: bool, src_offset: int) -> bool:
     they are, each row from its first byte's 16-byte granule): gray or RGB passed
     horizontally first, whose rows start on a word in the source (``preprocess_packed``
     copies a source that does not itself start on one)."""
-    return job.ch in (1, 3) and not v_first and (src_offset | job.in_w * job.ch) % 4 == 0
+    return job.ch in (1, 3) and not v_first and (src_offset | job.pitch) % 4 == 0
 
 
 def _mma_measure(job: ImageJob, patch: int, v_first: bool, raw: bool = False) -> Measure:
@@ -365,10 +382,10 @@ def _mma_measure(job: ImageJob, patch: int, v_first: bool, raw: bool = False) ->
         if max(my, mx) > MMA_MAX_BLOCKS:
             return None
         tiles_h, tiles_w = -(-grid_h // tile[0]), -(-job.grid_w // tile[1])
-        ur, sy = _axis_reach(job.in_h, job.out_h, th, tiles_h)
-        uc, sx = _axis_reach(job.in_w, job.out_w, tw, tiles_w)
-        nx = _narrow(job.in_w, job.out_w, tw, tiles_w)
-        ny = _narrow(job.in_h, job.out_h, th, tiles_h)
+        ur, sy = _axis_reach(job.in_h, job.out_h, th, tiles_h, filter=job.filter)
+        uc, sx = _axis_reach(job.in_w, job.out_w, tw, tiles_w, filter=job.filter)
+        nx = _narrow(job.in_w, job.out_w, tw, tiles_w, job.filter)
+        ny = _narrow(job.in_h, job.out_h, th, tiles_h, job.filter)
         sx, sy = (1 if nx else sx), (1 if ny else sy)  # narrow blocks take one step
         ks = max(sx, sy)
         if ks > MMA_KS:
@@ -402,12 +419,14 @@ def _mma_measure(job: ImageJob, patch: int, v_first: bool, raw: bool = False) ->
 
 
 @lru_cache(maxsize=256)
-def _weight_words(in_size: int, out_size: int) -> np.ndarray[Any, np.dtype[np.int32]]:
+def _weight_words(
+    in_size: int, out_size: int, filter: Filter = "bicubic"
+) -> np.ndarray[Any, np.dtype[np.int32]]:
     """An axis's Q22 weights as the MMA passes' A words (cached, as the coefficients):
     ``(outputs, 3, m)``, word ``w`` of byte plane ``q`` of output ``o`` holds byte ``q`` of
     the weights of inputs ``(xmin[o] & ~3) + 4 w + 0..3`` (0 outside the taps),
     ``m = (ksize + 6) // 4``: what ``_mma_axis`` picks each fragment word from."""
-    c = bicubic_coefficients(in_size, out_size)
+    c = coefficients(in_size, out_size, filter)
     outputs, ksize = c.k.shape
     m = (ksize + 6) // 4
     taps = np.arange(ksize)
@@ -423,7 +442,13 @@ def _weight_words(in_size: int, out_size: int) -> np.ndarray[Any, np.dtype[np.in
 
 @lru_cache(maxsize=256)
 def _mma_axis(
-    in_size: int, out_size: int, tile: int, tiles: int, narrow: bool = False, rgb: bool = False
+    in_size: int,
+    out_size: int,
+    tile: int,
+    tiles: int,
+    narrow: bool = False,
+    rgb: bool = False,
+    filter: Filter = "bicubic",
 ) -> tuple[np.ndarray[Any, np.dtype[np.int32]], np.ndarray[Any, np.dtype[np.int32]]]:
     """One axis of an MMA image, cut into ``tiles`` tiles of ``tile`` outputs: what each
     tile's M-blocks of 16 outputs (``narrow``: 8) need, so a tile reads it instead of working it out
@@ -447,8 +472,8 @@ def _mma_axis(
     inputs ``4 t + (0, 1, 16, 17)`` and ``4 t + (2, 3, 18, 19)`` instead: the halves of
     each pair of words swapped across.
     """
-    c = bicubic_coefficients(in_size, out_size)
-    words = _weight_words(in_size, out_size)  # (outputs, 3, m)
+    c = coefficients(in_size, out_size, filter)
+    words = _weight_words(in_size, out_size, filter)  # (outputs, 3, m)
     m = words.shape[2]
     block = 8 if narrow else 16
     mb = -(-tile // block)
@@ -512,8 +537,8 @@ def _mma_records(
     )
     tiles_h = -(-grid_h // tph)
     nx, ny = axes[0][2], axes[1][2]
-    xs, xf = _mma_axis(job.in_w, job.out_w, tpw * patch, tiles_w, nx)
-    ys, yf = _mma_axis(job.in_h, job.out_h, tph * patch, tiles_h, ny)
+    xs, xf = _mma_axis(job.in_w, job.out_w, tpw * patch, tiles_w, nx, filter=job.filter)
+    ys, yf = _mma_axis(job.in_h, job.out_h, tph * patch, tiles_h, ny, filter=job.filter)
     gy0, gx0, nph, npw = _tiles(row)
     trow, tcol = gy0 // tph, gx0 // tpw
 
@@ -524,8 +549,8 @@ def _mma_records(
 
     wx, wy = xs[tcol, 1].astype(np.int64), ys[trow, 1].astype(np.int64)
     uc, ur = xs[tcol, 0], ys[trow, 0]
-    src = f("SRC_OFF") + (wy * job.in_w + wx) * job.ch
-    row_bytes = job.in_w * job.ch
+    row_bytes = job.pitch
+    src = f("SRC_OFF") + wy * row_bytes + wx * job.ch
     whole = (((src | row_bytes) & 3) == 0) & (wx + 4 * ((uc + 3) >> 2) <= job.in_w)
     v_first = f("PASS1") == _VERTICAL
     flags = (
@@ -614,13 +639,14 @@ def _plain_records(
     grid_w = int(row[_F["GRID_W"]])
     src = (  # (kept inside the image for a tile all padding, which reads nothing)
         int(row[_F["SRC_OFF"]])
-        + (np.minimum(y0, job.in_h - 1) * job.in_w + np.minimum(x0, job.in_w - 1)) * job.ch
+        + np.minimum(y0, job.in_h - 1) * job.pitch
+        + np.minimum(x0, job.in_w - 1) * job.ch
     )
     values = {
         "R_IMAGE": image,
         "R_SRC_LO": src & 0xFFFFFFFF,
         "R_SRC_HI": src >> 32,
-        "R_ROW_BYTES": job.in_w * job.ch,
+        "R_ROW_BYTES": job.pitch,
         "R_USED_W": vw * inside,
         "R_USED_H": vh * inside,
         "R_TILE_H": nph,
@@ -718,8 +744,8 @@ def layout_of(
     """
     desc = np.zeros((len(jobs), len(FIELDS)), np.int64)
     chunks: list[np.ndarray[Any, np.dtype[np.int32]]] = []
-    table_at: dict[tuple[int, int], tuple[int, int, int, int]] = {}
-    axis_at: dict[tuple[int, int, int, int, bool, bool], tuple[int, int, bool]] = {}
+    table_at: dict[tuple[int, int, Filter], tuple[int, int, int, int]] = {}
+    axis_at: dict[tuple[int, int, int, int, bool, bool, Filter], tuple[int, int, bool]] = {}
     used = 0
     tiles_of: list[int] = []
 
@@ -732,21 +758,22 @@ def layout_of(
             used += a.size
         return at
 
-    def table(in_size: int, out_size: int) -> tuple[int, int, int, int]:
-        key = (in_size, out_size)
+    def table(in_size: int, out_size: int, filter: Filter) -> tuple[int, int, int, int]:
+        key = (in_size, out_size, filter)
         if key not in table_at:
-            c = bicubic_coefficients(in_size, out_size)
+            c = coefficients(in_size, out_size, filter)
             at = place(c.xmin, c.n, c.k)
             table_at[key] = (at, at + c.n.size, at + 2 * c.n.size, c.ksize)
         return table_at[key]
 
     def mma_axis(
-        in_size: int, out_size: int, tile: int, tiles: int, rgb: bool = False
+        in_size: int, out_size: int, tile: int, tiles: int, filter: Filter, rgb: bool = False
     ) -> tuple[int, int, bool]:
         """Where one MMA axis's fragments and spans are (``_mma_axis``, ``rgb`` for an RGB
         image's raw first pass), and whether it takes narrow blocks (``_narrow``): the
         fragments at a multiple of 4 elements, so each lane's are 16-byte loads."""
-        key = (in_size, out_size, tile, tiles, _narrow(in_size, out_size, tile, tiles), rgb)
+        narrow = _narrow(in_size, out_size, tile, tiles, filter)
+        key = (in_size, out_size, tile, tiles, narrow, rgb, filter)
         if key not in axis_at:
             spans, frags = _mma_axis(*key)
             place(np.zeros(-used % 4, np.int32))
@@ -772,8 +799,15 @@ def layout_of(
     for job in jobs:
         if job.ch not in (1, 3, 4) or min(job.in_w, job.in_h, job.out_w, job.out_h) < 1:
             raise ValueError(f"cannot plan {job}: sizes must be positive and ch 1, 3 or 4")
+        if job.pitch < job.in_w * job.ch or (job.src_at is not None and job.src_at < 0):
+            raise ValueError(f"cannot plan {job}: its rows overlap or it starts before 0")
     passes = [_passes(job, pillow) for job in jobs]
-    starts = np.cumsum([0] + [job.in_w * job.in_h * job.ch for job in jobs]).tolist()
+    own = np.cumsum([0] + [job.in_w * job.in_h * job.ch for job in jobs if job.src_at is None])
+    packed = iter(own.tolist())
+    starts = [next(packed) if job.src_at is None else job.src_at for job in jobs]
+    src_end = max(
+        [int(own[-1])] + [s + (j.in_h - 1) * j.pitch + j.in_w * j.ch for s, j in zip(starts, jobs)]
+    )
     planned = [tiles(*a) for a in zip(jobs, starts, passes)]
     if mixed:  # a channel count's plain tiles beside its MMA tiles take MIXED_PLAIN_TILE
         beside = {job.ch for job, (kind, _) in zip(jobs, planned) if kind == "mma"}
@@ -783,7 +817,7 @@ def layout_of(
             for job, at, ps, (kind, fit) in zip(jobs, starts, passes, planned)
         ]
 
-    src = mid = mid_rows = mid_width = patches = out = out_rows = out_width = 0
+    mid = mid_rows = mid_width = patches = out = out_rows = out_width = 0
     smem = mma_need = plain_need = 0
     kinds: list[Kind] = []
     axes: dict[int, tuple[tuple[int, int, bool], tuple[int, int, bool]]] = {}  # per MMA image
@@ -802,19 +836,20 @@ def layout_of(
         kinds.append(kind)
         tiles_w, tiles_h = -(-job.grid_w // tile_w), -(-grid_h // tile_h)
         if kind == "mma":  # where its axes' fragments and spans are, for its tile records
-            raw_rgb = job.ch == 3 and _mma_raw(job, p1 == _VERTICAL, src)
+            raw_rgb = job.ch == 3 and _mma_raw(job, p1 == _VERTICAL, starts[image])
             axes[image] = (
-                mma_axis(job.in_w, job.out_w, tile_w * patch, tiles_w, raw_rgb),
-                mma_axis(job.in_h, job.out_h, tile_h * patch, tiles_h),
+                mma_axis(job.in_w, job.out_w, tile_w * patch, tiles_w, job.filter, raw_rgb),
+                mma_axis(job.in_h, job.out_h, tile_h * patch, tiles_h, job.filter),
             )
         mid_w, mid_h = 0, 0
         if p1 != _NONE and fit is None:
             mid_w, mid_h = (job.out_w, job.in_h) if p1 == _HORIZONTAL else (job.in_w, job.out_h)
-        x = table(job.in_w, job.out_w) if need_h else (0, 0, 0, 0)
-        y = table(job.in_h, job.out_h) if need_v else (0, 0, 0, 0)
+        x = table(job.in_w, job.out_w, job.filter) if need_h else (0, 0, 0, 0)
+        y = table(job.in_h, job.out_h, job.filter) if need_v else (0, 0, 0, 0)
         bg, square, tlw, white, gray = _bg_fields(job.background)
         values = {
-            "SRC_OFF": src,
+            "SRC_OFF": starts[image],
+            "SRC_PITCH": job.pitch,
             "IN_W": job.in_w,
             "IN_H": job.in_h,
             "CH": job.ch,
@@ -855,9 +890,8 @@ def layout_of(
         }
         for name, value in values.items():
             row[_F[name]] = value
-        src_offsets.append(src)
+        src_offsets.append(starts[image])
         out_offsets.append(out)
-        src += job.in_w * job.in_h * job.ch
         mid += mid_w * mid_h * job.ch
         mid_rows += mid_h
         mid_width = max(mid_width, mid_w)
@@ -907,7 +941,7 @@ def layout_of(
         tables=tables,
         grids=grids,
         src_offsets=tuple(src_offsets),
-        src_bytes=src,
+        src_bytes=src_end,
         mid_bytes=mid,
         mid_rows=mid_rows,
         mid_width=mid_width,

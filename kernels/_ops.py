@@ -33,7 +33,7 @@ from ._descriptors import (
     layout_of,
 )
 from ._launch import CupyLauncher, Dims, Launcher
-from .reference import Normalisation, normalisation_of
+from .reference import Normalisation, normalisation_of, rows_are_tiles
 
 __all__ = ["output_layout", "pack", "preprocess", "preprocess_packed", "resize", "resize_packed"]
 
@@ -144,7 +144,7 @@ def _launcher_for(device: torch.device, launcher: Launcher | None) -> Launcher:
     return launcher if launcher is not None else _default_launcher(device)
 
 
-def _tensor_cores(device: torch.device, launcher: Launcher | None) -> bool:
+def tensor_cores(device: torch.device, launcher: Launcher | None) -> bool:
     """Whether the launches may use the MMA kind (without making the default launcher yet,
     so bad input is refused before a missing CUDA is)."""
     if launcher is not None:
@@ -152,7 +152,7 @@ def _tensor_cores(device: torch.device, launcher: Launcher | None) -> bool:
     return device.type == "cuda" and _cuda_limits(_index(device))[0]
 
 
-def _mma_smem(device: torch.device) -> int:
+def mma_smem(device: torch.device) -> int:
     """The MMA tiles' shared memory budget: ``MMA_SMEM_BYTES``, or less where the device
     lets a block opt in to less (the kernel's own arrays take about 4 KiB)."""
     if device.type != "cuda":
@@ -271,35 +271,63 @@ def preprocess_packed(
             f"the kernels run the {sorted(KERNEL_PROCESSORS)} processors; "
             "materialize others on the CPU path"
         )
+    if any(rows_are_tiles(spec) for spec in specs):
+        raise ValueError("rows that are whole tiles (Gemma 3, InternVL): use preprocess_regions")
     plan = _plan(
         tuple((int(h), int(w), int(c)) for h, w, c in shapes),
         tuple(specs),
         None if rows is None else tuple(int(r) for r in rows),
         pillow,
         TILE_SMEM_BYTES,
-        _tensor_cores(src.device, launcher),
-        _mma_smem(src.device),
+        tensor_cores(src.device, launcher),
+        mma_smem(src.device),
     )
     layout, jobs, p, row_shape = plan.layout, plan.jobs, plan.patch, plan.row_shape
+    check_launch(src, layout, p)
+    if out is None:
+        out = torch.empty((layout.patches, *row_shape), dtype=dtype, device=src.device)
+    else:
+        _check_out(out, jobs, row_shape, dtype, src.device)  # all checked before any launch
+    fuse(layout, plan.stats, p, plan.output, src, out, dtype, launcher)
+    return out, grids_of(layout, src.device)
+
+
+def check_launch(src: torch.Tensor, layout: Layout, p: int) -> None:
+    """Refuse a source too small for ``layout`` and a launch too large for one grid."""
     _check_source(src, layout)
+    if layout.tiles > _MAX_GRID_X or p > FUSED_THREADS:
+        raise ValueError(f"{layout.patches} patches of {p}x{p} do not fit one launch")
+
+
+def grids_of(layout: Layout, device: torch.device) -> torch.Tensor:
+    """The launch's ``grid_thw`` on ``device``, the caller's own copy."""
+    return _device_layout(layout, device)[2].clone()
+
+
+def fuse(
+    layout: Layout,
+    stats: tuple[Normalisation, ...],
+    p: int,
+    output: OutputLayout,
+    src: torch.Tensor,
+    out: torch.Tensor,
+    dtype: torch.dtype,
+    launcher: Launcher | None,
+) -> None:
+    """The launches of a checked ``layout``: pass 1 where an image needs the global
+    intermediate, then the fused kernel per channel count and kind, writing ``out``."""
     if src.data_ptr() % 4:  # raw MMA windows (R_RAW) read the source's rows as words
         src = src.clone()
     device = src.device
-    if layout.tiles > _MAX_GRID_X or p > FUSED_THREADS:
-        raise ValueError(f"{layout.patches} patches of {p}x{p} do not fit one launch")
-    if out is None:
-        out = torch.empty((layout.patches, *row_shape), dtype=dtype, device=device)
-    else:
-        _check_out(out, jobs, row_shape, dtype, device)  # everything is checked before any launch
     run = _launcher_for(device, launcher)
-    desc, tab, grids, tiles, records = _device_layout(layout, device)
-    table = _device_tables(plan.stats, dtype, device, run.affine_normalise)
+    desc, tab, _, tiles, records = _device_layout(layout, device)
+    table = _device_tables(stats, dtype, device, run.affine_normalise)
     # the global intermediate, when some image needs it (else the kernels never read it)
     mid = (
         torch.empty(layout.mid_bytes, dtype=torch.uint8, device=device) if layout.mid_bytes else src
     )
     # pass 1 only for two-pass images whose tiles do not keep the intermediate on chip
-    run.pass1(*_row_grid(layout.mid_rows, layout.mid_width), src, mid, desc, tab, len(jobs))
+    run.pass1(*_row_grid(layout.mid_rows, layout.mid_width), src, mid, desc, tab, len(layout.desc))
     bits = _BITS[dtype]
     # per channel count and kind: the MMA (and mixed) launches first, each launch after the
     # first free to start as the one before it finishes (overlap), so the others' blocks
@@ -332,9 +360,8 @@ def preprocess_packed(
             p,
             first,
             overlap=i > 0,
-            layout=plan.output,
+            layout=output,
         )
-    return out, grids.clone()  # callers own their grid_thw
 
 
 def _smem(layout: Layout, kind: Kind, bits: int, channels: int) -> int:
@@ -404,7 +431,7 @@ def resize_packed(
     desc, tab, *_ = _device_layout(layout, device)
     mid = torch.empty(max(layout.mid_bytes, 1), dtype=torch.uint8, device=device)
     dst = torch.empty(max(layout.out_bytes, 1), dtype=torch.uint8, device=device)
-    run.pass1(*_row_grid(layout.mid_rows, layout.mid_width), src, mid, desc, tab, len(jobs))
+    run.pass1(*_row_grid(layout.mid_rows, layout.mid_width), src, mid, desc, tab, len(layout.desc))
     run.pass2(*_row_grid(layout.out_rows, layout.out_width), src, mid, desc, tab, dst, len(jobs))
     return [
         dst[off : off + oh * ow * job.ch].view(oh, ow, job.ch)

@@ -4,21 +4,22 @@ It depends on numpy, torch, Pillow and ``mmwire.transport``'s types only, so
 ``mmwire.materialize`` (the CPU path) and the kernels' host code share it without importing
 each other.
 
-* BICUBIC: Q22 coefficient tables (what the CUDA kernels upload), the pass order of the
-  installed Pillow, and :func:`resize_reference`, an independent vectorised re-implementation
-  tested ``==`` against Pillow. The CPU pipeline itself calls Pillow (exact by definition,
-  and it releases the GIL).
+* BICUBIC and BILINEAR: Q22 coefficient tables (what the CUDA kernels upload), the pass
+  order of the installed Pillow, and :func:`resize_reference`, an independent vectorised
+  re-implementation tested ``==`` against Pillow. The CPU pipeline itself calls Pillow
+  (exact by definition, and it releases the GIL).
 * Normalise: a per-channel 256-entry table, in the arithmetic of the item's reference
   (:class:`Normalisation`): Kimi's ``(v/255 - mean) / std`` computed in float64 and rounded
   once to the output dtype (:func:`shared_normalise_table`), or transformers' Pillow
   backend's ``float32(v · rescale)`` (the product in float64), then ``(x - mean) / std``
   in float32, then the output dtype.
 
-Facts (Pillow ``Resample.c``): Keys cubic with a = -0.5, support 2 widened by the
-downscale factor, taps outside the image dropped and the rest renormalised by their
-sequential sum, weights rounded half away from zero to int32 with 22 fractional bits,
-``acc = 2^21 + Σ px·k`` in int32, ``clamp(acc >> 22, 0, 255)``, a uint8 image between the
-two passes, and RGBA through premultiplied alpha.
+Facts (Pillow ``Resample.c``): Keys cubic with a = -0.5 and support 2, or the triangle
+``1 - |x|`` with support 1 (BILINEAR), the support widened by the downscale factor, taps
+outside the image dropped and the rest renormalised by their sequential sum, weights
+rounded half away from zero to int32 with 22 fractional bits, ``acc = 2^21 + Σ px·k`` in
+int32, ``clamp(acc >> 22, 0, 255)``, a uint8 image between the two passes, and RGBA
+through premultiplied alpha. The pass order does not depend on the filter.
 """
 
 from __future__ import annotations
@@ -35,16 +36,23 @@ from mmwire.transport import PreprocessSpec
 
 __all__ = [
     "Coefficients",
+    "Filter",
     "Normalisation",
     "bicubic_coefficients",
+    "coefficients",
     "normalisation_of",
     "normalise_table",
     "pass_order",
+    "resample_filter",
     "resize_reference",
+    "rows_are_tiles",
     "shared_normalise_table",
 ]
 
 PRECISION_BITS = 22
+
+Filter = Literal["bicubic", "bilinear"]
+"""Pillow's resampling filters that the tables reproduce (``Image.Resampling``'s names)."""
 
 
 def _cubic(x: np.ndarray[Any, np.dtype[np.float64]]) -> np.ndarray[Any, np.dtype[np.float64]]:
@@ -54,6 +62,26 @@ def _cubic(x: np.ndarray[Any, np.dtype[np.float64]]) -> np.ndarray[Any, np.dtype
     near = ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0
     far = (((x - 5.0) * x + 8.0) * x - 4.0) * a
     return np.where(x < 1.0, near, np.where(x < 2.0, far, 0.0))
+
+
+def _triangle(x: np.ndarray[Any, np.dtype[np.float64]]) -> np.ndarray[Any, np.dtype[np.float64]]:
+    """Pillow's ``bilinear_filter``, element-wise."""
+    x = np.abs(x)
+    return np.where(x < 1.0, 1.0 - x, 0.0)
+
+
+_FILTERS = {"bicubic": (_cubic, 2.0), "bilinear": (_triangle, 1.0)}
+
+
+def resample_filter(spec: PreprocessSpec) -> Filter:
+    """The filter a spec's processor resizes with: Gemma 3's BILINEAR, the others' BICUBIC."""
+    return "bilinear" if spec.processor == "gemma3" else "bicubic"
+
+
+def rows_are_tiles(spec: PreprocessSpec) -> bool:
+    """Whether a spec's rows are whole tiles ``(3, h, w)`` of regions of its image (Gemma 3,
+    InternVL) rather than patches."""
+    return spec.processor == "gemma3" or (spec.processor == "internvl" and spec.tile is not None)
 
 
 @dataclass(frozen=True)
@@ -70,16 +98,23 @@ class Coefficients:
         return int(self.k.shape[1])
 
 
-@lru_cache(maxsize=256)
 def bicubic_coefficients(in_size: int, out_size: int) -> Coefficients:
-    """Pillow's ``precompute_coeffs`` for the full box, converted to Q22 int32 (cached).
+    """``coefficients`` of Pillow's BICUBIC."""
+    return coefficients(in_size, out_size, "bicubic")
+
+
+@lru_cache(maxsize=256)
+def coefficients(in_size: int, out_size: int, filter: Filter) -> Coefficients:
+    """Pillow's ``precompute_coeffs`` for the full box and ``filter``, converted to Q22
+    int32 (cached).
 
     Vectorised over the outputs, every float64 operation as Pillow does it, in its order.
     """
+    kernel, filter_support = _FILTERS[filter]
     in0, in1 = 0.0, float(np.float32(in_size))
     scale = float(np.float32(in1 - in0)) / out_size
     filterscale = max(scale, 1.0)
-    support = 2.0 * filterscale
+    support = filter_support * filterscale
     ksize = math.ceil(support) * 2 + 1
     inv_fs = 1.0 / filterscale
     center = in0 + (np.arange(out_size, dtype=np.float64) + 0.5) * scale
@@ -89,7 +124,7 @@ def bicubic_coefficients(in_size: int, out_size: int) -> Coefficients:
     taps = np.arange(ksize)
     live = taps[None, :] < count[:, None]
     w = np.where(
-        live, _cubic(((taps[None, :] + lo[:, None]) - center[:, None] + 0.5) * inv_fs), 0.0
+        live, kernel(((taps[None, :] + lo[:, None]) - center[:, None] + 0.5) * inv_fs), 0.0
     )
     # the total one tap at a time, as Pillow: accumulate runs left to right (np.sum would
     # pair-sum and round differently); the 0.0 past a row's taps adds nothing
@@ -162,20 +197,25 @@ def _unpremultiply(a: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
 
 
 def resize_reference(
-    img: np.ndarray[Any, Any], out_w: int, out_h: int, *, pillow: tuple[int, int] | None = None
+    img: np.ndarray[Any, Any],
+    out_w: int,
+    out_h: int,
+    *,
+    pillow: tuple[int, int] | None = None,
+    filter: Filter = "bicubic",
 ) -> np.ndarray[Any, Any]:
-    """Pillow BICUBIC resize of uint8 ``(H, W, C)`` (C = 1, 3 or 4 = RGBA), in numpy.
+    """Pillow resize of uint8 ``(H, W, C)`` (C = 1, 3 or 4 = RGBA) with ``filter``, in numpy.
 
-    Bit-identical to ``Image.resize((out_w, out_h), BICUBIC)`` of the given Pillow version
-    (default: the installed one). Slow; used to check tables and kernels.
+    Bit-identical to ``Image.resize((out_w, out_h), BICUBIC or BILINEAR)`` of the given
+    Pillow version (default: the installed one). Slow; used to check tables and kernels.
     """
     h, w, ch = img.shape
     if (out_w, out_h) == (w, h):
         return img.copy()
     rgba = ch == 4
     src = _premultiply(img) if rgba else img
-    cx = bicubic_coefficients(w, out_w)
-    cy = bicubic_coefficients(h, out_h)
+    cx = coefficients(w, out_w, filter)
+    cy = coefficients(h, out_h, filter)
     need_h, need_v = out_w != w, out_h != h
     if pass_order(w, h, out_w, out_h, pillow) == "h_first":
         out = _pass(src, cx, 1) if need_h else src

@@ -72,7 +72,7 @@ __device__ __forceinline__ void resized_px(const u8* __restrict__ src, const u8*
                                            int y, int x, int out[4]) {
   const bool staged = d[PASS1] != 0;
   const u8* st = staged ? mid + d[MID_OFF] : src + d[SRC_OFF];
-  const i64 row = (staged ? d[MID_W] : d[IN_W]) * CH;
+  const i64 row = staged ? d[MID_W] * CH : d[SRC_PITCH];
   const bool premul = !staged && d[PREMUL] != 0;
   const int p2 = (int)d[PASS2];
   if (p2 == 1) {
@@ -137,7 +137,7 @@ __device__ __forceinline__ void pass1_px(const u8* __restrict__ src, u8* __restr
                                          const i64* __restrict__ d, const int* __restrict__ tab,
                                          int y, int x) {
   const u8* s = src + d[SRC_OFF];
-  const i64 row = d[IN_W] * CH;
+  const i64 row = d[SRC_PITCH];
   const bool premul = d[PREMUL] != 0;
   int out[4];
   if (d[PASS1] == 1) {

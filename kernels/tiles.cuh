@@ -414,7 +414,7 @@ __device__ __forceinline__ void fused_tile(const u8* __restrict__ src, const u8*
       wx0 = tab[x_min + x0];
       ww = tab[x_min + vx1 - 1] + tab[x_n + vx1 - 1] - wx0;
     }
-    const int row = (int)d[IN_W] * CH;
+    const int row = (int)d[SRC_PITCH];
     const u8* s = src + d[SRC_OFF] + (i64)wy0 * row + (i64)wx0 * CH;
     const bool premul = d[PREMUL] != 0;
     int v[4];

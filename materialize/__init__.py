@@ -12,9 +12,9 @@ General layout: ``_families`` (the model families and ``spec_for``), one module 
 ``InternVLConfig``), ``_params`` (reading a checkpoint's processor parameters), ``_plan``
 (the plan a received spec must have), ``_grids`` (grid/token arithmetic), ``_placeholders``,
 ``_defer`` (the producer's gate), ``_assign`` (vision-DP owners), ``_pipeline`` (the exact
-CPU pixel pipeline), ``_decode`` (an encoded item's decode at the owner), ``_compute`` (CPU
-or CUDA), ``_cache`` (the owner's cache of outputs), ``_materializer`` (the owner rank's
-entry point).
+CPU pixel pipeline), ``_regions`` (the regions InternVL and Gemma 3 cut an image into),
+``_decode`` (an encoded item's decode at the owner), ``_compute`` (CPU or CUDA), ``_cache``
+(the owner's cache of outputs), ``_materializer`` (the owner rank's entry point).
 """
 
 from mmwire.transport import errors as errors
@@ -47,6 +47,7 @@ from ._placeholders import k3_media_prompt as k3_media_prompt
 from ._qwen import QwenVLConfig as QwenVLConfig
 from ._qwen import plan_smart_resize as plan_smart_resize
 from ._qwen import smart_resize as smart_resize
+from ._regions import regions_of as regions_of
 
 __all__ = [
     "FAMILIES",
@@ -73,6 +74,7 @@ __all__ = [
     "plan_resize",
     "plan_smart_resize",
     "preprocess_images",
+    "regions_of",
     "should_defer",
     "smart_resize",
     "spec_for",

@@ -10,7 +10,7 @@ from typing import Any, Literal, Protocol, final
 
 import numpy as np
 import torch
-from mmwire.kernels import KERNEL_PROCESSORS
+from mmwire.kernels import KERNEL_PROCESSORS, Region
 from mmwire.transport import (
     EncodedImage,
     FeatureEnvelope,
@@ -32,6 +32,7 @@ from ._families import ModelSpec
 from ._gpu_decode import decode_jpegs_on_gpu, gpu_decodable, require_gpu_decoder
 from ._pipeline import produce
 from ._plan import expected_plan
+from ._regions import regions_of, tiled
 
 __all__ = ["MaterializedBatch", "Materializer", "PayloadSource"]
 
@@ -147,11 +148,15 @@ class Materializer:
                 raise ConfigurationError('`gpu_decode=True` needs `compute="cuda"`')
             require_gpu_decoder()
         if self.compute == "cuda":
-            from mmwire.kernels import CupyLauncher, output_layout
+            from mmwire.kernels import KIMI_LAYOUT, CupyLauncher, output_layout, region_patch
 
             self._launcher = CupyLauncher(self.device)  # compiles the kernels once, up front
             for spec in (m(64, 64) for m in preprocess):
-                if spec.processor in KERNEL_PROCESSORS:  # the rest are computed on the host
+                if spec.processor not in KERNEL_PROCESSORS:  # computed on the host
+                    continue
+                if tiled(spec):
+                    self._launcher.compile(region_patch(spec.row_shape[1:]), KIMI_LAYOUT)
+                else:
                     self._launcher.compile(spec.patch_size, output_layout(spec))
 
     def materialize(self, batch: PayloadSource, index_map: IndexMap) -> MaterializedBatch:
@@ -256,7 +261,7 @@ class Materializer:
         (the payload views may then be released); the kernels run on the current torch
         stream, which orders any later use of the outputs after them.
         """
-        from mmwire.kernels import preprocess_packed, to_device
+        from mmwire.kernels import preprocess_packed, preprocess_regions, to_device
 
         on_gpu = self._decode_on_gpu(batch, walk.raw) if self.gpu_decode else {}
         decoded = self._decode_all(batch, walk.raw, pinned=True, skip=on_gpu.keys())
@@ -280,19 +285,34 @@ class Materializer:
         uploaded = torch.cuda.Event()  # type: ignore[no-untyped-call]
         uploaded.record(stream)
         try:
-            if views:
+            shapes = [(int(v.shape[0]), int(v.shape[1]), int(v.shape[2])) for v in views]
+            specs = [item.spec for item in walk.raw]
+            rows = [item.row for item in walk.raw]
+            if views and tiled(specs[0]):  # one family a batch
+                regions = [self._regions(item) for item in walk.raw]
+                preprocess_regions(
+                    packed, shapes, specs, regions, pixel_values, rows=rows, launcher=self._launcher
+                )
+            elif views:
                 preprocess_packed(
                     packed,
-                    [(int(v.shape[0]), int(v.shape[1]), int(v.shape[2])) for v in views],
-                    [item.spec for item in walk.raw],
+                    shapes,
+                    specs,
                     self.dtype,
                     out=pixel_values,
-                    rows=[item.row for item in walk.raw],
+                    rows=rows,
                     launcher=self._launcher,
                 )
         finally:
             uploaded.synchronize()  # the host views must outlive the copies from them
         return walk.finish(pixel_values, to_device(walk.grids, self.device), index_map)
+
+    @staticmethod
+    def _regions(item: _RawItem) -> list[Region]:
+        try:
+            return regions_of(item.spec)
+        except MaterializeError as e:
+            raise MaterializeError(f"{item.where}: {e}") from e
 
     def _raw_spec(self, env: FeatureEnvelope, where: str) -> PreprocessSpec:
         """A raw item's spec after the checks the CPU path makes while producing it."""

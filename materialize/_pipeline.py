@@ -25,7 +25,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 from mmwire.kernels import KERNEL_PROCESSORS
-from mmwire.kernels.reference import normalisation_of
+from mmwire.kernels.reference import normalisation_of, resample_filter
 from mmwire.kernels.reference import normalise_table as table_of
 from mmwire.transport import Background, Grid, PreprocessSpec
 from mmwire.transport.errors import MaterializeError
@@ -34,14 +34,12 @@ from PIL import Image
 
 from ._compute import resolve_compute
 from ._families import ModelSpec
-from ._gemma import pan_and_scan_crops
 from ._kimi import KimiConfig
+from ._regions import regions_of, tiled
 
 __all__ = ["preprocess_images"]
 
-_BILINEAR = Image.Resampling.BILINEAR
-_BILINEAR_PROCESSORS = frozenset(("gemma3",))
-"""The processors that resize with Pillow's BILINEAR; the rest use BICUBIC."""
+_RESAMPLE = {"bicubic": Image.Resampling.BICUBIC, "bilinear": Image.Resampling.BILINEAR}
 
 
 def _resize(
@@ -81,8 +79,7 @@ def _composite(rgba: np.ndarray[Any, Any], bg: Background | None) -> np.ndarray[
 def canvas_of(pixels: np.ndarray[Any, Any], spec: PreprocessSpec) -> np.ndarray[Any, Any]:
     """Resized, composited, zero-padded uint8 ``(3, H', W')`` canvas of one image."""
     plan = spec.plan
-    resample = _BILINEAR if spec.processor in _BILINEAR_PROCESSORS else Image.Resampling.BICUBIC
-    resized = _resize(pixels, plan.new_width, plan.new_height, resample)
+    resized = _resize(pixels, plan.new_width, plan.new_height, _RESAMPLE[resample_filter(spec)])
     ch = resized.shape[2]
     rgb = _composite(resized, spec.background) if ch == 4 else resized
     canvas = np.zeros((3, plan.padded_height, plan.padded_width), np.uint8)
@@ -109,15 +106,16 @@ def patchify_into(
     out: torch.Tensor, canvas: np.ndarray[Any, Any], spec: PreprocessSpec, table: torch.Tensor
 ) -> None:
     """Write the normalised rows of a uint8 canvas into ``out`` ``(patches, *row_shape)``:
-    each channel's plane ``temporal_patch_size`` times a row (the whole canvas is one row
-    for ``gemma3``)."""
-    t = spec.temporal_patch_size
-    if spec.processor == "gemma3":
-        rows = canvas.reshape(1, 3, -1)
-    elif spec.processor == "internvl" and spec.tile is not None:
-        rows = tiles_of(canvas, spec.tile)
-    else:
-        rows = patches_of(canvas, spec.patch_size, spec.merge_order)
+    each channel's plane ``temporal_patch_size`` times a row."""
+    rows = patches_of(canvas, spec.patch_size, spec.merge_order)
+    _normalise_into(out, rows, spec.temporal_patch_size, table)
+
+
+def _normalise_into(
+    out: torch.Tensor, rows: np.ndarray[Any, Any], t: int, table: torch.Tensor
+) -> None:
+    """``out`` ``(n, ...)`` from uint8 ``rows`` ``(n, 3, k)``: each value through its
+    channel's table, each channel's plane ``t`` times a row."""
     idx = torch.from_numpy(rows).to(torch.int32)
     planes = out.view(idx.shape[0], 3, t, idx.shape[2])
     for c in range(3):
@@ -135,46 +133,40 @@ def tiles_of(canvas: np.ndarray[Any, Any], tile: tuple[int, int]) -> np.ndarray[
     return np.ascontiguousarray(grid).reshape(-1, 3, th * tw)
 
 
-def _thumbnail(pixels: np.ndarray[Any, Any], tile: tuple[int, int]) -> np.ndarray[Any, Any]:
-    """An ``internvl`` image (1 or 3 channels) resized whole to one tile: ``(3, h, w)``."""
-    th, tw = tile
-    canvas = np.empty((3, th, tw), np.uint8)
-    canvas[:] = np.moveaxis(_resize(pixels, tw, th, Image.Resampling.BICUBIC), -1, 0)
-    return canvas
+def _tiles_into(
+    pixels: np.ndarray[Any, Any], spec: PreprocessSpec, out: torch.Tensor, table: torch.Tensor
+) -> None:
+    """The rows of a ``tiled`` spec's image (1 or 3 channels): each of its regions resized
+    whole with the family's filter and cut into tiles, one after another."""
+    th, tw = spec.row_shape[1:]
+    resample = _RESAMPLE[resample_filter(spec)]
+    row = 0
+    for r in regions_of(spec):
+        box = np.ascontiguousarray(pixels[r.y : r.y + r.height, r.x : r.x + r.width])
+        canvas = np.empty((3, r.out_height, r.out_width), np.uint8)
+        canvas[:] = np.moveaxis(_resize(box, r.out_width, r.out_height, resample), -1, 0)
+        n = (r.out_height // th) * (r.out_width // tw)
+        _normalise_into(out[row : row + n], tiles_of(canvas, (th, tw)), 1, table)
+        row += n
 
 
 def produce(pixels: np.ndarray[Any, Any], spec: PreprocessSpec, out: torch.Tensor) -> Grid:
     """Run the pipeline for one image into ``out`` (``(patches, *row_shape)``); its grid."""
     if pixels.shape[2] == 4 and spec.alpha == "white":
         raise MaterializeError("an RGBA image for a processor that composites on the producer")
-    canvas = canvas_of(pixels, spec)
     p = spec.patch_size
-    if spec.processor in ("gemma3", "internvl"):
-        grid = spec.plan.grid
-    else:
-        grid = Grid((1, canvas.shape[1] // p, canvas.shape[2] // p))
+    plan = spec.plan
+    grid = plan.grid if tiled(spec) else Grid((1, plan.padded_height // p, plan.padded_width // p))
     if out.shape[0] != grid.patches or tuple(out.shape[1:]) != spec.row_shape:
         raise MaterializeError(
             f"output has shape {list(out.shape)}, the image needs {grid.patches} rows of "
             f"{list(spec.row_shape)}"
         )
     table = table_of(normalisation_of(spec), out.dtype)
-    if spec.processor == "gemma3":  # the image, then each pan-and-scan crop resized alike
-        patchify_into(out[:1], canvas, spec, table)
-        boxes = pan_and_scan_crops(pixels.shape[1], pixels.shape[0], spec.pan_and_scan)
-        if len(boxes) != grid.patches - 1:
-            raise MaterializeError(f"the image has {len(boxes)} crops, its plan {grid.patches - 1}")
-        for k, (x, y, w, h) in enumerate(boxes, start=1):
-            crop = np.ascontiguousarray(pixels[y : y + h, x : x + w])
-            patchify_into(out[k : k + 1], canvas_of(crop, spec), spec, table)
-        return grid
-    if spec.processor == "internvl" and spec.tile is not None:
-        tiles = (canvas.shape[1] // spec.tile[0]) * (canvas.shape[2] // spec.tile[1])
-        patchify_into(out[:tiles], canvas, spec, table)
-        if grid.patches > tiles:  # more than one tile: the thumbnail comes last
-            patchify_into(out[tiles:], _thumbnail(pixels, spec.tile), spec, table)
-        return grid
-    patchify_into(out, canvas, spec, table)
+    if tiled(spec):
+        _tiles_into(pixels, spec, out, table)
+    else:
+        patchify_into(out, canvas_of(pixels, spec), spec, table)
     return grid
 
 
@@ -196,7 +188,7 @@ def preprocess_images(
     CUDA ``device``, ``compute="cuda"`` (``"auto"``'s choice when CuPy is installed)
     uploads the uint8 pixels once and runs ``mmwire.kernels``; ``"cpu"`` computes here and
     uploads the result. Both give the same bytes. A family the kernels do not run yet
-    (Gemma 3, ``KERNEL_PROCESSORS``) is computed here and uploaded. An image the family
+    (``KERNEL_PROCESSORS``) is computed here and uploaded. An image the family
     refuses (Qwen-VL: an aspect ratio over 200) raises ``MaterializeError``.
     """
 
@@ -205,12 +197,18 @@ def preprocess_images(
     specs = [cfg(px.shape[1], px.shape[0]) for px in pixels]
     on_kernels = all(s.processor in KERNEL_PROCESSORS for s in specs)
     if pixels and on_kernels and resolve_compute(compute, torch.device(device)) == "cuda":
-        from mmwire.kernels import preprocess_packed
+        from mmwire.kernels import preprocess_packed, preprocess_regions, to_device
 
         flat = np.concatenate([px.reshape(-1) for px in pixels])
         src = torch.from_numpy(flat).to(device)
         shapes = [(px.shape[0], px.shape[1], px.shape[2]) for px in pixels]
-        return preprocess_packed(src, shapes, specs, dtype)
+        if not tiled(specs[0]):
+            return preprocess_packed(src, shapes, specs, dtype)
+        rows = sum(s.plan.grid.patches for s in specs)
+        out = torch.empty((rows, *cfg.row_shape), dtype=dtype, device=src.device)
+        regions = [regions_of(s) for s in specs]
+        preprocess_regions(src, shapes, specs, regions, out)
+        return out, to_device([s.plan.grid.thw for s in specs], src.device)
     total = sum(s.plan.grid.patches for s in specs)
     out = torch.empty((total, *cfg.row_shape), dtype=dtype)
     grids = torch.empty((len(specs), 3), dtype=torch.int64)

@@ -10,16 +10,20 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-from mmwire.kernels import Launcher, pack, preprocess_packed
+from mmwire.kernels import Launcher, pack, preprocess_packed, preprocess_regions, to_device
+from mmwire.kernels.reference import rows_are_tiles
 from mmwire.materialize import (
     K3_BACKGROUND,
+    Gemma3Config,
     Glm4vConfig,
+    InternVLConfig,
     KimiConfig,
     ModelSpec,
     QwenVLConfig,
     preprocess_images,
+    regions_of,
 )
-from mmwire.transport import Background, PreprocessSpec
+from mmwire.transport import Background, PanAndScan, PreprocessSpec
 
 Image = np.ndarray[Any, Any]
 Items = list[tuple[Image, ModelSpec]]
@@ -50,6 +54,14 @@ QWEN3_SMALL = QwenVLConfig(
     image_mean=(0.5, 0.5, 0.5),
     image_std=(0.5, 0.5, 0.5),
 )
+# rows that are whole tiles, through preprocess_regions (Kimi's build): tiles cut into
+# patches of 16 (MMA tiles), of 6, of 7 (odd: the general kernel's pixel-by-pixel path) and
+# of 8, BICUBIC (InternVL) and BILINEAR (Gemma 3, with pan-and-scan crops read in place)
+INTERNVL_SMALL = InternVLConfig(tile_height=32, tile_width=48, max_tiles=6)
+INTERNVL_EVEN = InternVLConfig(tile_height=30, tile_width=42, max_tiles=4)
+INTERNVL_ODD = InternVLConfig(tile_height=21, tile_width=35, max_tiles=3)
+GEMMA_SMALL = Gemma3Config(width=48, height=40, pan_and_scan=PanAndScan(8, 4, 1.2))
+GEMMA_ODD = Gemma3Config(width=35, height=49, pan_and_scan=PanAndScan(20, 3, 1.5))
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _BYTES = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 
@@ -175,6 +187,20 @@ _CASES |= {
 }
 QWEN_CASES = ("qwen_distinct", "qwen_plain_and_mma", "qwen3", "glm")
 
+_CASES |= {
+    # several tiles and a thumbnail, one tile (no thumbnail), gray, extreme, odd sizes
+    "internvl": _shots(
+        INTERNVL_SMALL, (130, 170, 3), (97, 211, 1), (40, 300, 3), (20, 21, 3), (301, 45, 3)
+    ),
+    "internvl_even": _shots(INTERNVL_EVEN, (61, 177, 3), (99, 30, 1), (1, 1, 3)),
+    "internvl_odd": _shots(INTERNVL_ODD, (77, 50, 3), (33, 131, 1)),
+    # wide and tall images with crops (off a word, gray), none under the ratio, tiny, extreme
+    "gemma": _shots(GEMMA_SMALL, (60, 203, 3), (151, 45, 1), (77, 91, 3), (1, 1, 3), (33, 500, 3)),
+    "gemma_odd": _shots(GEMMA_ODD, (41, 97, 3), (130, 61, 1), (50, 50, 3)),
+}
+TILED_CASES = ("internvl", "internvl_even", "internvl_odd", "gemma", "gemma_odd")
+"""Cases whose rows are whole tiles (``preprocess_regions``)."""
+
 
 def case(name: str, rng: np.random.Generator) -> Items:
     """The images and configs of one named case (KeyError for an unknown name)."""
@@ -209,7 +235,13 @@ def kernels(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernels over the same images, packed into one launch on ``device``."""
     src, shapes, specs = _packed(items, device)
-    return preprocess_packed(src, shapes, specs, dtype, launcher=launcher)
+    if not rows_are_tiles(specs[0]):
+        return preprocess_packed(src, shapes, specs, dtype, launcher=launcher)
+    rows = sum(spec.plan.grid.patches for spec in specs)
+    out = torch.empty((rows, *specs[0].row_shape), dtype=dtype, device=device)
+    regions = [regions_of(spec) for spec in specs]
+    preprocess_regions(src, shapes, specs, regions, out, launcher=launcher)
+    return out, to_device([spec.plan.grid.thw for spec in specs], src.device)
 
 
 def kernels_into(

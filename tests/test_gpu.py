@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from kernel_cases import CASES
+from kernel_cases import CASES, TILED_CASES
 from mmwire.transport import Consumer, GlobalIndex, Grid, Item, Producer
 
 pytestmark = [
@@ -62,7 +62,7 @@ def test_materializer_on_cuda_returns_views_of_the_device_batch() -> None:
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
-@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("name", CASES + TILED_CASES)
 def test_cuda_kernels_equal_the_cpu_path(rng: np.random.Generator, name: str, dtype: str) -> None:
     from kernel_cases import case, differing, kernels, reference
 
@@ -520,22 +520,23 @@ def test_cuda_materializer_serves_qwen_items_over_a_registered_arena(
         p.close()
 
 
-@pytest.mark.parametrize("family", ["gemma-3", "internvl3"])
-def test_cuda_owner_computes_gemma_and_internvl_on_the_host_equal_to_transformers(
+@pytest.mark.parametrize("family", ["gemma-3", "gemma-3-pan", "internvl3"])
+def test_cuda_owner_kernels_compute_gemma_and_internvl_equal_to_transformers(
     rng: np.random.Generator, family: str
 ) -> None:
-    # the kernels do not run these families yet: a CUDA owner computes their items on the
-    # host and uploads them, with the same bytes as transformers' processor
+    # the kernels cut these families' regions (tiles and thumbnail; the image and its
+    # pan-and-scan crops) out of one upload, with the same bytes as transformers' processor
     from mmwire.materialize import Materializer, preprocess_images, spec_for
     from mmwire.transport import IndexMap
     from PIL import Image
 
     oracle = pytest.importorskip("oracle")  # imports transformers
-    if family == "gemma-3":
-        params, reference = oracle.GEMMA_PARAMS[family], oracle.gemma_reference
+    if family.startswith("gemma-3"):
+        params = {**oracle.GEMMA_PARAMS["gemma-3"], "do_pan_and_scan": family.endswith("pan")}
+        reference = oracle.gemma_reference
     else:
         params, reference = oracle.INTERNVL_PARAMS[family], oracle.internvl_reference
-    spec = spec_for(family, params)
+    spec = spec_for(family.removesuffix("-pan"), params)
     images: list[Any] = [
         rng.integers(0, 256, (h, w, c), dtype=np.uint8)
         for h, w, c in ((300, 211, 3), (97, 350, 4), (56, 84, 1), (1033, 1700, 3))
@@ -543,7 +544,7 @@ def test_cuda_owner_computes_gemma_and_internvl_on_the_host_equal_to_transformer
     want, counts = reference([Image.fromarray(im.squeeze()) for im in images], params)
     got, grids = preprocess_images(images, spec, device="cuda")
     assert got.device.type == "cuda" and torch.equal(got.cpu(), want)
-    rows = [n if family == "internvl3" else 1 for n in counts]
+    rows = [n if family == "internvl3" else 1 + n for n in counts]  # gemma: crops
     assert grids.cpu().tolist() == [[n, 1, 1] for n in rows]
     p = Producer(arena_size=64 << 20)
     c = Consumer(0, p.endpoint, handover=p.handover_path)

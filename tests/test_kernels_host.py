@@ -23,6 +23,7 @@ from kernel_cases import (
     QWEN_CASES,
     QWEN_SMALL,
     SMALL,
+    TILED_CASES,
     case,
     differing,
     kernels,
@@ -683,6 +684,21 @@ def test_host_kernels_equal_the_cpu_path(
     assert differing(got_pv, want_pv) == 0
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", TILED_CASES)
+def test_host_tiled_rows_equal_the_cpu_path(
+    host: HostLauncher, rng: np.random.Generator, name: str, dtype: torch.dtype
+) -> None:
+    # InternVL's tiles and thumbnail and Gemma 3's image and crops: regions of one upload,
+    # resized BICUBIC or BILINEAR, each (3, h, w) row equal to the CPU path's (itself == to
+    # transformers' processors)
+    items = case(name, rng)
+    want_pv, want_grid = reference(items, dtype)
+    got_pv, got_grid = kernels(items, dtype, "cpu", host)
+    assert torch.equal(got_grid, want_grid)
+    assert differing(got_pv, want_pv) == 0
+
+
 def test_host_pitches_mirror_the_kernels(host_lib: Path) -> None:
     # the host sizes each tile's shared memory with _plain_pitch and _mma_pitch: a pitch
     # the kernel lays out wider would overflow it, a narrower one waste it
@@ -818,7 +834,7 @@ def test_host_mma_kernel_takes_a_source_off_a_word(
         None,
         _ops.TILE_SMEM_BYTES,
         True,
-        _ops._mma_smem(src.device),
+        _ops.mma_smem(src.device),
     )
     assert (plan.layout.tile_records[:, RECORD_FIELDS.index("R_FLAGS")] & _RAW).any()
     for source in (src, off):

@@ -1,0 +1,171 @@
+"""Families whose rows are whole images, ``(3, h, w)``: regions of one upload, resized and
+cut into tiles (InternVL's tiles and thumbnail, Gemma 3's image and pan-and-scan crops).
+
+Each region is one job of an ordinary launch: a box of an uploaded image (read in place,
+its rows ``src_pitch`` apart), resized with the family's filter to a whole number of tiles
+and normalised into patch rows ``(3, p, p)`` of a patch ``p`` that divides the tile. One
+strided copy per region then puts those patches in place as the tiles' ``(3, h, w)`` rows:
+the same values, so the rows equal the CPU path's byte for byte.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+from mmwire.transport import PreprocessSpec
+
+from ._abi import KIMI_LAYOUT
+from ._descriptors import TILE_SMEM_BYTES, ImageJob, Layout, layout_of
+from ._launch import Launcher
+from ._ops import Shape, check_launch, fuse, mma_smem, tensor_cores
+from .reference import Normalisation, normalisation_of, resample_filter
+
+__all__ = ["Region", "preprocess_regions", "region_patch"]
+
+
+@dataclass(frozen=True)
+class Region:
+    """A box of an image (``x``, ``y``, ``width``, ``height`` in its pixels), resized whole
+    to ``out_width x out_height``, a whole number of tiles."""
+
+    x: int
+    y: int
+    width: int
+    height: int
+    out_width: int
+    out_height: int
+
+
+def region_patch(tile: tuple[int, ...]) -> int:
+    """The patch the kernels cut a ``(h, w)`` tile into: the largest of 16 down to 1 that
+    divides both sides, an even one first (even patches let the resize run on the tensor
+    cores)."""
+    fits = [q for q in range(16, 0, -1) if tile[0] % q == 0 and tile[1] % q == 0]
+    return min(fits, key=lambda q: (q % 2, -q))
+
+
+@dataclass(frozen=True)
+class _RegionPlan:
+    layout: Layout
+    stats: tuple[Normalisation, ...]
+    patch: int
+    tile: tuple[int, int]
+    placed: tuple[tuple[int, int, int, int], ...]
+    """Per job: its first scratch row, its first output row, and its tiles down and across."""
+    rows: int
+
+
+@lru_cache(maxsize=256)
+def _plan(
+    shapes: tuple[Shape, ...],
+    specs: tuple[PreprocessSpec, ...],
+    regions: tuple[tuple[Region, ...], ...],
+    rows: tuple[int, ...] | None,
+    pillow: tuple[int, int] | None,
+    tensor_cores: bool,
+    mma_smem: int,
+) -> _RegionPlan:
+    """Checks the regions against their images and tiles and lays out the launch (cached
+    by value)."""
+    if not (len(shapes) == len(specs) == len(regions)) or not specs:
+        raise ValueError(f"{len(shapes)} images, {len(specs)} specs, {len(regions)} region lists")
+    tiles = {s.row_shape[1:] for s in specs}
+    if len(tiles) != 1 or any(len(t) != 2 for t in tiles):
+        raise ValueError(f"images of one launch have rows of different shapes {sorted(tiles)}")
+    shape = tiles.pop()
+    th, tw = tile = (shape[0], shape[1])
+    p = region_patch((th, tw))
+    if rows is not None and len(rows) != len(specs):
+        raise ValueError(f"{len(rows)} rows for {len(specs)} images")
+    stats: dict[Normalisation, int] = {}
+    jobs: list[ImageJob] = []
+    placed: list[tuple[int, int, int, int]] = []
+    image_at = scratch = row = 0
+    for i, ((h, w, c), spec, boxes) in enumerate(zip(shapes, specs, regions)):
+        if (spec.plan.width, spec.plan.height) != (w, h):
+            raise ValueError(
+                f"image is {w}x{h} but its plan says {spec.plan.width}x{spec.plan.height}"
+            )
+        table = stats.setdefault(normalisation_of(spec), len(stats))
+        row = row if rows is None else rows[i]
+        for r in boxes:
+            inside = 0 <= r.x < r.x + r.width <= w and 0 <= r.y < r.y + r.height <= h
+            if (
+                not inside
+                or r.out_width % tw
+                or r.out_height % th
+                or min(r.out_width, r.out_height) < 1
+            ):
+                raise ValueError(
+                    f"region {r} is not a box of the {w}x{h} image resized to whole {tw}x{th} tiles"
+                )
+            gw, gh = r.out_width // p, r.out_height // p
+            jobs.append(
+                ImageJob(
+                    in_w=r.width,
+                    in_h=r.height,
+                    ch=c,
+                    out_w=r.out_width,
+                    out_h=r.out_height,
+                    grid_w=gw,
+                    patches=gw * gh,
+                    table=table,
+                    filter=resample_filter(spec),
+                    src_at=image_at + (r.y * w + r.x) * c,
+                    src_pitch=w * c,
+                )
+            )
+            down, across = r.out_height // th, r.out_width // tw
+            placed.append((scratch, row, down, across))
+            scratch += gw * gh
+            row += down * across
+        image_at += h * w * c
+    layout = layout_of(tuple(jobs), pillow, p, TILE_SMEM_BYTES, tensor_cores, mma_smem, mixed=True)
+    return _RegionPlan(layout, tuple(stats), p, tile, tuple(placed), row)
+
+
+def preprocess_regions(
+    src: torch.Tensor,
+    shapes: Sequence[Shape],
+    specs: Sequence[PreprocessSpec],
+    regions: Sequence[Sequence[Region]],
+    out: torch.Tensor,
+    *,
+    rows: Sequence[int] | None = None,
+    pillow: tuple[int, int] | None = None,
+    launcher: Launcher | None = None,
+) -> torch.Tensor:
+    """The rows of images packed in ``src`` (see ``pack``) whose families cut them into
+    tiles: each image's ``regions``, in order, each resized with its spec's filter and cut
+    into ``(3, h, w)`` rows of ``out`` (``(rows, 3, h, w)``, the specs' ``row_shape``), left
+    to right and top to bottom, from row ``rows[i]`` for image ``i`` (default: one after
+    another). Equal byte for byte to the CPU path under the same Pillow version."""
+    plan = _plan(
+        tuple((int(h), int(w), int(c)) for h, w, c in shapes),
+        tuple(specs),
+        tuple(tuple(r) for r in regions),
+        None if rows is None else tuple(int(r) for r in rows),
+        pillow,
+        tensor_cores(src.device, launcher),
+        mma_smem(src.device),
+    )
+    th, tw = plan.tile
+    p = plan.patch
+    if out.ndim != 4 or tuple(out.shape[1:]) != (3, th, tw) or not out.is_contiguous():
+        raise ValueError(f"`out` must be a contiguous (rows, 3, {th}, {tw}) tensor")
+    if out.device != src.device:
+        raise ValueError(f"`out` must be on {src.device}")
+    if any(row < 0 or row + d * a > out.shape[0] for _, row, d, a in plan.placed):
+        raise ValueError(f"the regions' rows do not fit in `out` ({out.shape[0]} rows)")
+    check_launch(src, plan.layout, p)
+    scratch = torch.empty((plan.layout.patches, 3, p, p), dtype=out.dtype, device=out.device)
+    fuse(plan.layout, plan.stats, p, KIMI_LAYOUT, src, scratch, out.dtype, launcher)
+    for first, row, down, across in plan.placed:
+        n = down * across * (th // p) * (tw // p)
+        patches = scratch[first : first + n].view(down, th // p, across, tw // p, 3, p, p)
+        dst = out[row : row + down * across].view(down, across, 3, th // p, p, tw // p, p)
+        dst.copy_(patches.permute(0, 2, 4, 1, 5, 3, 6))
+    return out
