@@ -6,9 +6,12 @@
     v2): per image ``F.interpolate(bicubic, antialias=True)`` on float32, ``round``/``clamp``,
     pad, affine normalise, ``view``/``permute`` patchify, cast;
 (c) Pillow on the CPU (``mmwire.materialize.preprocess_images``, the exact reference);
-(d) for the Qwen-VL rows, transformers' own image processor with its torchvision backend on
-    the GPU (``Qwen2VLImageProcessor(device="cuda")``), the way engines run Qwen, where
-    transformers and torchvision are installed.
+(d) transformers' own image processor with its torchvision backend on the GPU
+    (``Qwen2VLImageProcessor(device="cuda")``, ``Glm4vImageProcessor``,
+    ``Gemma3ImageProcessor``, ``GotOcr2ImageProcessor`` for InternVL), the way engines run
+    these families, where transformers and torchvision are installed.
+Gemma 3 and InternVL rows go through ``mmwire.kernels.preprocess_regions`` (their rows are
+whole tiles of regions of each image).
 Also the owner's end-to-end time with the H2D upload from registered vs pageable memory,
 and the kernel time against the HBM floor (bytes read + written at 4.8 TB/s, and at the
 device-to-device copy rate measured in the same run).
@@ -23,16 +26,20 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from mmwire.kernels import preprocess_packed
+from mmwire.kernels import preprocess_packed, preprocess_regions
+from mmwire.kernels.reference import resample_filter, rows_are_tiles
 from mmwire.materialize import (
+    Gemma3Config,
     Glm4vConfig,
+    InternVLConfig,
     KimiConfig,
     ModelSpec,
     QwenVLConfig,
     preprocess_images,
+    regions_of,
     spec_for,
 )
-from mmwire.transport import PreprocessSpec
+from mmwire.transport import PanAndScan, PreprocessSpec
 from PIL import Image
 from rich.console import Console
 from rich.table import Table
@@ -137,9 +144,13 @@ def torch_way(
     images: list[torch.Tensor], specs: list[PreprocessSpec], dtype: torch.dtype
 ) -> torch.Tensor:
     """The peers' GPU path: float32 bicubic with antialias, round, pad, normalise, patchify
-    (Qwen-VL's rows: by merge window, each plane twice)."""
+    (Qwen-VL's rows: by merge window, each plane twice; Gemma 3's and InternVL's: each
+    region resized, bilinear or bicubic, and cut into tiles)."""
     outs = []
     for img, spec in zip(images, specs):
+        if rows_are_tiles(spec):
+            outs.append(_torch_tiles(img, spec, dtype))
+            continue
         plan = spec.plan
         x = img.permute(2, 0, 1).unsqueeze(0).float()
         if (plan.new_width, plan.new_height) != (plan.width, plan.height):
@@ -167,24 +178,66 @@ def torch_way(
     return torch.cat(outs)
 
 
+def _torch_tiles(img: torch.Tensor, spec: PreprocessSpec, dtype: torch.dtype) -> torch.Tensor:
+    """The torch way for rows that are whole tiles: each region of the image resized
+    (antialiased, float32), rounded, normalised and cut into ``(3, h, w)`` tiles."""
+    x = img.permute(2, 0, 1).unsqueeze(0).float()
+    th, tw = spec.row_shape[1:]
+    mode = resample_filter(spec)
+    mean = torch.tensor(spec.image_mean, device=x.device).view(1, 3, 1, 1)
+    std = torch.tensor(spec.image_std, device=x.device).view(1, 3, 1, 1)
+    outs = []
+    for r in regions_of(spec):
+        y = F.interpolate(
+            x[:, :, r.y : r.y + r.height, r.x : r.x + r.width],
+            size=(r.out_height, r.out_width),
+            mode=mode,
+            antialias=True,
+            align_corners=False,
+        )
+        y = (y.round().clamp(0, 255) * spec.rescale_factor - mean) / std
+        rows, cols = r.out_height // th, r.out_width // tw
+        outs.append(y.reshape(3, rows, th, cols, tw).permute(1, 3, 0, 2, 4).reshape(-1, 3, th, tw))
+    return torch.cat(outs).to(dtype)
+
+
 def _transformers_way(cfg: ModelSpec) -> Any:
-    """transformers' torchvision-backend processor for a Qwen-VL spec, on the GPU: a function
-    of CHW uint8 device images returning ``pixel_values``; None where it is not installed."""
-    if not isinstance(cfg, QwenVLConfig):
+    """transformers' torchvision-backend processor for a spec, on the GPU: a function of CHW
+    uint8 device images returning ``pixel_values``; None where it is not installed."""
+    if not isinstance(cfg, (QwenVLConfig, Gemma3Config, InternVLConfig)):
         return None
     try:
         import torchvision  # noqa: F401  (the backend; without it transformers falls back to Pillow)
-        from transformers import Glm4vImageProcessor, Qwen2VLImageProcessor
+        import transformers
     except ImportError:
         return None
-    processor = Glm4vImageProcessor if isinstance(cfg, Glm4vConfig) else Qwen2VLImageProcessor
-    proc = processor(
-        patch_size=cfg.patch_size,
-        merge_size=cfg.merge_kernel[0],
-        size={"shortest_edge": cfg.min_pixels, "longest_edge": cfg.max_pixels},
-        image_mean=list(cfg.image_mean),
-        image_std=list(cfg.image_std),
-    )
+    if isinstance(cfg, Gemma3Config):
+        proc = transformers.Gemma3ImageProcessor(
+            size={"height": cfg.height, "width": cfg.width},
+            image_mean=list(cfg.image_mean),
+            image_std=list(cfg.image_std),
+            do_pan_and_scan=cfg.pan_and_scan is not None,
+        )
+    elif isinstance(cfg, InternVLConfig):
+        proc = transformers.GotOcr2ImageProcessor(
+            size={"height": cfg.tile_height, "width": cfg.tile_width},
+            crop_to_patches=True,
+            min_patches=cfg.min_tiles,
+            max_patches=cfg.max_tiles,
+            image_mean=list(cfg.image_mean),
+            image_std=list(cfg.image_std),
+        )
+    else:
+        qwen = transformers.Glm4vImageProcessor
+        if not isinstance(cfg, Glm4vConfig):
+            qwen = transformers.Qwen2VLImageProcessor
+        proc = qwen(
+            patch_size=cfg.patch_size,
+            merge_size=cfg.merge_kernel[0],
+            size={"shortest_edge": cfg.min_pixels, "longest_edge": cfg.max_pixels},
+            image_mean=list(cfg.image_mean),
+            image_std=list(cfg.image_std),
+        )
 
     def run(images: list[torch.Tensor]) -> torch.Tensor:
         out = proc(images, return_tensors="pt", device="cuda")
@@ -195,6 +248,9 @@ def _transformers_way(cfg: ModelSpec) -> Any:
 
 
 def _differing(a: torch.Tensor, b: torch.Tensor) -> int:
+    """Elements whose bits differ (-1: the shapes differ)."""
+    if a.shape != b.shape:
+        return -1
     bits = torch.int32 if a.dtype == torch.float32 else torch.int16
     return int((a.contiguous().view(bits) != b.contiguous().view(bits)).sum())
 
@@ -234,14 +290,27 @@ def _measure(
     staged = torch.empty_like(src)
     dev_images = [torch.from_numpy(im).cuda() for im in images]
 
+    tiles = rows_are_tiles(specs[0])
+    regions = [regions_of(s) for s in specs] if tiles else []
+    out_rows = torch.empty(
+        (sum(s.plan.grid.patches for s in specs), *specs[0].row_shape) if tiles else (0,),
+        dtype=dtype,
+        device="cuda",
+    )
+
+    def launch(source: torch.Tensor) -> torch.Tensor:
+        if tiles:
+            return preprocess_regions(source, shapes, specs, regions, out_rows)
+        return preprocess_packed(source, shapes, specs, dtype)[0]
+
     def ours() -> torch.Tensor:
-        return preprocess_packed(src, shapes, specs, dtype)[0]
+        return launch(src)
 
     def e2e(host: torch.Tensor) -> None:
         staged.copy_(host, non_blocking=True)
-        preprocess_packed(staged, shapes, specs, dtype)
+        launch(staged)
 
-    out = ours()
+    out = ours().clone()
     cpu, _ = preprocess_images(images, cfg, dtype=dtype)
     theirs = torch_way(dev_images, specs, dtype)
     t_ours = _device_times(ours, reps)
@@ -339,7 +408,8 @@ def run_kernels(
     reps: int = 20, out_dir: Path | None = None, console: Console | None = None
 ) -> Path:
     """The seed batch 4x1536x1024 (K2.5: unresized, and a resizing limit) and 8 mixed sizes,
-    under Kimi-K2.5, Qwen2.5-VL, Qwen3-VL and GLM-4.1V (the families' default limits)."""
+    under Kimi-K2.5, Qwen2.5-VL, Qwen3-VL, GLM-4.1V, InternVL3 and Gemma 3 (the families'
+    default limits; Gemma 3 also with pan-and-scan at Gemma3Processor's defaults)."""
     console = console or Console()
     if not torch.cuda.is_available():
         raise SystemExit("mmwire-bench kernels needs a CUDA device")
@@ -351,6 +421,12 @@ def run_kernels(
         "Qwen2.5-VL 8 mixed": (_photos(_MIXED), spec_for("qwen2.5-vl")),
         "Qwen3-VL 8 mixed": (_photos(_MIXED), spec_for("qwen3-vl")),
         "GLM-4.1V 8 mixed": (_photos(_MIXED), spec_for("glm-4.1v")),
+        "InternVL3 8 mixed": (_photos(_MIXED), spec_for("internvl3")),
+        "Gemma 3 8 mixed": (_photos(_MIXED), spec_for("gemma-3")),
+        "Gemma 3 pan-and-scan": (
+            _photos(_MIXED),
+            Gemma3Config(pan_and_scan=PanAndScan(256, 4, 1.2)),
+        ),
     }
     rows: list[dict[str, Any]] = []
     for name, (images, cfg) in cases.items():
@@ -385,9 +461,9 @@ def run_kernels(
                 f"(a device-to-device copy ran at {d2d / 1e12:.2f} TB/s here)",
                 "device: CUDA events around a call (with the grid_thw copy and the gaps between "
                 "launches); x: the torch way's (or transformers') device time over it",
-                "torch: the torch way; HF: transformers' Qwen2VLImageProcessor (or "
-                "Glm4vImageProcessor), torchvision backend, device='cuda' (Qwen and GLM rows; "
-                "its bytes differing from Pillow's are in results.json)",
+                "torch: the torch way; HF: transformers' own processor (Qwen2VL, Glm4v, "
+                "GotOcr2 for InternVL, Gemma3), torchvision backend, device='cuda' (its bytes "
+                "differing from Pillow's are in results.json)",
                 "e2e: H2D of the packed uint8 pixels from registered memory plus the kernels, "
                 "host wall clock",
             ],
