@@ -35,6 +35,7 @@ from ._ops import resize_packed as resize_packed
 from ._ops import to_device as to_device
 from ._regions import Region as Region
 from ._regions import preprocess_regions as preprocess_regions
+from ._regions import region_layout as region_layout
 from ._regions import region_patch as region_patch
 
 __all__ = [
@@ -57,6 +58,7 @@ __all__ = [
     "preprocess",
     "preprocess_packed",
     "preprocess_regions",
+    "region_layout",
     "region_patch",
     "resize",
     "resize_packed",

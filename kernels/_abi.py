@@ -162,10 +162,14 @@ WIDE_UNIT_BYTES = 16
 class OutputLayout(NamedTuple):
     """How a module writes its rows (``PatchOrder`` in ``patches.cuh``): ``merge`` 0 orders
     an image's patches row-major over its grid, ``m`` by ``m x m`` merge windows; each row
-    holds every channel's plane ``temporal`` times, ``(3, T, p, p)``."""
+    holds every channel's plane ``temporal`` times, ``(3, T, p, p)``. With ``tile_h`` and
+    ``tile_w`` a row is instead one ``(3, tile_h, tile_w)`` tile of a canvas of whole tiles,
+    tiles row-major (Gemma 3's and InternVL's rows; 4 divides the patch and ``tile_w``)."""
 
     merge: int = 0
     temporal: int = 1
+    tile_h: int = 0
+    tile_w: int = 0
 
 
 KIMI_LAYOUT = OutputLayout()
@@ -206,5 +210,7 @@ def compile_options(patch: int = 0, layout: OutputLayout = KIMI_LAYOUT) -> tuple
         "MMWIRE_PATCH": str(patch),
         "MMWIRE_MERGE": str(layout.merge),
         "MMWIRE_TEMPORAL": str(layout.temporal),
+        "MMWIRE_TILE_H": str(layout.tile_h),
+        "MMWIRE_TILE_W": str(layout.tile_w),
     }
     return tuple(f"-D{name}={value}" for name, value in values.items())

@@ -519,6 +519,7 @@ def _mma_records(
     patch: int,
     axes: tuple[tuple[int, int, bool], tuple[int, int, bool]],
     merge: int,
+    tile: tuple[int, int] = (0, 0),
 ) -> np.ndarray[Any, np.dtype[np.int32]]:
     """An MMA image's tile records (``RECORD_FIELDS``), in tile order, from its descriptor
     ``row`` and where its axes' fragments and spans are in the tables (``axes``: x then y,
@@ -576,7 +577,7 @@ def _mma_records(
         "R_TILE_W": npw,
         "R_GY0": gy0,
         "R_GX0": gx0,
-        "R_PATCH": f("ROW") + patch_index(gy0, gx0, grid_w, merge),
+        "R_PATCH": f("ROW") + patch_index(gy0, gx0, grid_w, merge, tile),
         "R_GRID_W": grid_w,
         "R_TABLE": f("TABLE"),
         "R_FLAGS": flags,
@@ -584,9 +585,14 @@ def _mma_records(
     return _records(values, gy0.size, job)
 
 
-def patch_index(gy: Any, gx: Any, grid_w: int, merge: int = 0) -> Any:
+def patch_index(
+    gy: Any, gx: Any, grid_w: int, merge: int = 0, tile: tuple[int, int] = (0, 0)
+) -> Any:
     """The row of an image's patch ``(gy, gx)`` among its rows (``PatchOrder::index``):
-    row-major over the grid, or by ``merge x merge`` windows (``merge`` > 0)."""
+    row-major over the grid, or by ``merge x merge`` windows (``merge`` > 0); with ``tile``
+    (patches down and across a row that is a whole tile) the row of the tile holding it."""
+    if tile[1]:
+        return (gy // tile[0]) * (grid_w // tile[1]) + gx // tile[1]
     if not merge:
         return gy * grid_w + gx
     m = merge
@@ -625,7 +631,12 @@ def _records(
 
 
 def _plain_records(
-    job: ImageJob, image: int, row: np.ndarray[Any, np.dtype[np.int64]], patch: int, merge: int
+    job: ImageJob,
+    image: int,
+    row: np.ndarray[Any, np.dtype[np.int64]],
+    patch: int,
+    merge: int,
+    tile: tuple[int, int] = (0, 0),
 ) -> np.ndarray[Any, np.dtype[np.int32]]:
     """An unresized (plain) image's tile records, in tile order, from its descriptor
     ``row``: each tile's first pixel in the source, the part of it inside the image
@@ -653,7 +664,7 @@ def _plain_records(
         "R_TILE_W": npw,
         "R_GY0": gy0,
         "R_GX0": gx0,
-        "R_PATCH": int(row[_F["ROW"]]) + patch_index(gy0, gx0, grid_w, merge),
+        "R_PATCH": int(row[_F["ROW"]]) + patch_index(gy0, gx0, grid_w, merge, tile),
         "R_GRID_W": grid_w,
         "R_TABLE": int(row[_F["TABLE"]]),
         "R_FLAGS": _PLAIN,
@@ -724,6 +735,7 @@ def layout_of(
     mma_smem: int = MMA_SMEM_BYTES,
     mixed: bool = False,
     merge: int = 0,
+    tile: tuple[int, int] = (0, 0),
 ) -> Layout:
     """Descriptor rows and coefficient tables for ``jobs`` (a tuple; cached by value).
 
@@ -740,8 +752,13 @@ def layout_of(
     resized on both axes (gray, RGB or RGBA) take the MMA kernel when ``patch`` is even and
     their tiles fit ``mma_smem`` bytes; with ``mixed`` a channel count's plain and MMA tiles
     then share one launch (``_mixed``), its plain tiles of ``MIXED_PLAIN_TILE``. ``merge``:
-    the launch's patch order (``OutputLayout.merge``), which its tiles' first rows follow.
+    the launch's patch order (``OutputLayout.merge``), which its tiles' first rows follow;
+    ``tile``: its rows' tile (``OutputLayout.tile_h``, ``tile_w``), a row a whole tile of
+    the canvas (a job's ``row`` then counts tiles).
     """
+    if tile[1] and (not patch or tile[0] % patch or tile[1] % patch):
+        raise ValueError(f"rows of {tile[0]}x{tile[1]} tiles need a patch that divides them")
+    in_patches = (tile[0] // patch, tile[1] // patch) if tile[1] else (0, 0)
     desc = np.zeros((len(jobs), len(FIELDS)), np.int64)
     chunks: list[np.ndarray[Any, np.dtype[np.int32]]] = []
     table_at: dict[tuple[int, int, Filter], tuple[int, int, int, int]] = {}
@@ -926,9 +943,9 @@ def layout_of(
     if recorded:
         records = np.concatenate(
             [
-                _mma_records(jobs[i], i, desc[i], patch, axes[i], merge)
+                _mma_records(jobs[i], i, desc[i], patch, axes[i], merge, in_patches)
                 if kinds[i] == "mma"
-                else _plain_records(jobs[i], i, desc[i], patch, merge)
+                else _plain_records(jobs[i], i, desc[i], patch, merge, in_patches)
                 for i in recorded
             ]
         )

@@ -2,10 +2,13 @@
 cut into tiles (InternVL's tiles and thumbnail, Gemma 3's image and pan-and-scan crops).
 
 Each region is one job of an ordinary launch: a box of an uploaded image (read in place,
-its rows ``src_pitch`` apart), resized with the family's filter to a whole number of tiles
-and normalised into patch rows ``(3, p, p)`` of a patch ``p`` that divides the tile. One
-strided copy per region then puts those patches in place as the tiles' ``(3, h, w)`` rows:
-the same values, so the rows equal the CPU path's byte for byte.
+its rows ``src_pitch`` apart), resized with the family's filter to a whole number of tiles,
+cut into patches of a ``p`` that divides the tile. Where 4 divides ``p`` and the tile's
+width (InternVL's 448, Gemma's 896: ``p`` 16), the module compiled for the tile writes each
+patch's lines straight into the tiles' ``(3, h, w)`` rows (``OutputLayout.tile_h``,
+``tile_w``). Otherwise the launch writes Kimi's rows ``(3, p, p)`` into scratch and one
+strided copy per region puts them in place. Either way the values are the CPU path's, byte
+for byte.
 """
 
 from __future__ import annotations
@@ -17,13 +20,13 @@ from functools import lru_cache
 import torch
 from mmwire.transport import PreprocessSpec
 
-from ._abi import KIMI_LAYOUT
+from ._abi import KIMI_LAYOUT, UNIT_BYTES, OutputLayout
 from ._descriptors import TILE_SMEM_BYTES, ImageJob, Layout, layout_of
 from ._launch import Launcher
 from ._ops import Shape, check_launch, fuse, mma_smem, tensor_cores
 from .reference import Normalisation, normalisation_of, resample_filter
 
-__all__ = ["Region", "preprocess_regions", "region_patch"]
+__all__ = ["Region", "preprocess_regions", "region_layout", "region_patch"]
 
 
 @dataclass(frozen=True)
@@ -47,12 +50,22 @@ def region_patch(tile: tuple[int, ...]) -> int:
     return min(fits, key=lambda q: (q % 2, -q))
 
 
+def region_layout(tile: tuple[int, ...]) -> OutputLayout:
+    """The output layout the kernels write ``(h, w)`` tiles' rows in: the tiles themselves
+    where 4 divides the patch and the width, else Kimi's patch rows (then copied in place)."""
+    p = region_patch(tile)
+    if p % 4 == 0 and tile[1] % 4 == 0:
+        return OutputLayout(tile_h=tile[0], tile_w=tile[1])
+    return KIMI_LAYOUT
+
+
 @dataclass(frozen=True)
 class _RegionPlan:
     layout: Layout
     stats: tuple[Normalisation, ...]
     patch: int
     tile: tuple[int, int]
+    output: OutputLayout
     placed: tuple[tuple[int, int, int, int], ...]
     """Per job: its first scratch row, its first output row, and its tiles down and across."""
     rows: int
@@ -78,6 +91,8 @@ def _plan(
     shape = tiles.pop()
     th, tw = tile = (shape[0], shape[1])
     p = region_patch((th, tw))
+    output = region_layout(tile)
+    direct = output.tile_w > 0  # the launch writes the rows themselves
     if rows is not None and len(rows) != len(specs):
         raise ValueError(f"{len(rows)} rows for {len(specs)} images")
     stats: dict[Normalisation, int] = {}
@@ -116,6 +131,7 @@ def _plan(
                     filter=resample_filter(spec),
                     src_at=image_at + (r.y * w + r.x) * c,
                     src_pitch=w * c,
+                    row=row if direct else scratch,
                 )
             )
             down, across = r.out_height // th, r.out_width // tw
@@ -123,8 +139,17 @@ def _plan(
             scratch += gw * gh
             row += down * across
         image_at += h * w * c
-    layout = layout_of(tuple(jobs), pillow, p, TILE_SMEM_BYTES, tensor_cores, mma_smem, mixed=True)
-    return _RegionPlan(layout, tuple(stats), p, tile, tuple(placed), row)
+    layout = layout_of(
+        tuple(jobs),
+        pillow,
+        p,
+        TILE_SMEM_BYTES,
+        tensor_cores,
+        mma_smem,
+        mixed=True,
+        tile=(output.tile_h, output.tile_w),
+    )
+    return _RegionPlan(layout, tuple(stats), p, tile, output, tuple(placed), row)
 
 
 def preprocess_regions(
@@ -161,6 +186,11 @@ def preprocess_regions(
     if any(row < 0 or row + d * a > out.shape[0] for _, row, d, a in plan.placed):
         raise ValueError(f"the regions' rows do not fit in `out` ({out.shape[0]} rows)")
     check_launch(src, plan.layout, p)
+    if plan.output.tile_w:
+        if out.data_ptr() % UNIT_BYTES:  # the kernels store 8 bytes at a time
+            raise ValueError(f"`out` must start at a multiple of {UNIT_BYTES} bytes")
+        fuse(plan.layout, plan.stats, p, plan.output, src, out, out.dtype, launcher)
+        return out
     scratch = torch.empty((plan.layout.patches, 3, p, p), dtype=out.dtype, device=out.device)
     fuse(plan.layout, plan.stats, p, KIMI_LAYOUT, src, scratch, out.dtype, launcher)
     for first, row, down, across in plan.placed:

@@ -13,7 +13,7 @@
 #if !defined(MMWIRE_FIELDS) || !defined(MMWIRE_RECORD_FIELDS) || !defined(MMWIRE_KINDS) || \
     !defined(NORM_STRIDE) || !defined(MMA_KS) || !defined(FUSED_THREADS) ||                 \
     !defined(UNIT_BYTES) || !defined(MMWIRE_PATCH) || !defined(MMWIRE_MERGE) ||          \
-    !defined(MMWIRE_TEMPORAL)
+    !defined(MMWIRE_TEMPORAL) || !defined(MMWIRE_TILE_H) || !defined(MMWIRE_TILE_W)
 #error "compile the kernels with the flags of mmwire.kernels.compile_options()"
 #endif
 

@@ -68,30 +68,68 @@ __device__ __forceinline__ bool wide_units(const T* out) {
 // MMWIRE_TEMPORAL times over: (3, T, p, p), the image repeated along the temporal axis (T = 1:
 // Kimi's (3, p, p)). Every plane is p * p contiguous values either way, so the write-outs
 // below store planes as they did; only a patch's row and its planes' offsets depend on it.
+//
+// MMWIRE_TILE_H and MMWIRE_TILE_W > 0 make rows whole tiles instead (PLANAR: Gemma 3's and
+// InternVL's (3, TH, TW), T = 1): a canvas of whole tiles, tiles row-major, each row its
+// tile's three planes of TH x TW values. A patch is then p lines of p values TW apart and a
+// plane TH TW values, so the write-outs below take the lines and planes apart with
+// line_values and plane_values; a unit of 2 or 4 values stays inside a line (the host
+// plans PLANAR only where 4 divides p and TW).
 constexpr int LAYOUT_MERGE = MMWIRE_MERGE;
 constexpr int LAYOUT_T = MMWIRE_TEMPORAL;
+constexpr int LAYOUT_TH = MMWIRE_TILE_H;
+constexpr int LAYOUT_TW = MMWIRE_TILE_W;
+constexpr bool PLANAR = LAYOUT_TW > 0;
+// (the tile's sides where PLANAR; 1 otherwise, so the branches compiled out divide by no 0)
+constexpr int PLANAR_TH = PLANAR ? LAYOUT_TH : 1, PLANAR_TW = PLANAR ? LAYOUT_TW : 1;
 
 // Values in one output row.
-__device__ __forceinline__ int row_values(int p) { return 3 * LAYOUT_T * p * p; }
+__device__ __forceinline__ int row_values(int p) {
+  return PLANAR ? 3 * LAYOUT_TH * LAYOUT_TW : 3 * LAYOUT_T * p * p;
+}
+// Values from one line of a patch to the next, and from one plane of a row to the next.
+__device__ __forceinline__ int line_values(int p) { return PLANAR ? LAYOUT_TW : p; }
+__device__ __forceinline__ int plane_values(int p) { return PLANAR ? LAYOUT_TH * LAYOUT_TW : p * p; }
 
-// Where a tile's patches go: patch (gy, gx) of an image's grid (gw patches a row) is row
-// index(gy, gx) of the image's rows; offset(ky, kx) is the tile's patch (ky, kx) counted
-// from the tile's first patch (gy0, gx0), which is never after it in either order.
+// Where a tile's patches go: patch (gy, gx) of an image's grid (gw patches a row, p pixels
+// a side) lies in row index(gy, gx) of the image's rows (PLANAR: the tile holding it);
+// at(ky, kx) is the values from the first value of the tile's first patch (gy0, gx0),
+// which is never after it in any order, to that of its patch (ky, kx); first() is the
+// first value of patch (gy0, gx0) in its row (0 but for PLANAR).
 struct PatchOrder {
-  int gw, gy0, gx0;
+  int gw, gy0, gx0, p;
   __device__ __forceinline__ int index(int gy, int gx) const {
-    if constexpr (LAYOUT_MERGE == 0) {
+    if constexpr (PLANAR) {
+      const int tph = max(PLANAR_TH / p, 1), tpw = max(PLANAR_TW / p, 1);  // p divides them
+      return (gy / tph) * (gw / tpw) + gx / tpw;
+    } else if constexpr (LAYOUT_MERGE == 0) {
       return gy * gw + gx;
     } else {
       constexpr int m = LAYOUT_MERGE > 0 ? LAYOUT_MERGE : 1;  // (the branch is compiled for 0 too)
       return ((gy / m) * (gw / m) + gx / m) * (m * m) + (gy % m) * m + gx % m;
     }
   }
-  __device__ __forceinline__ int offset(int ky, int kx) const {
-    if constexpr (LAYOUT_MERGE == 0) {
-      return ky * gw + kx;
+  // (PLANAR) patch (gy, gx)'s first value from its image's first row's
+  __device__ __forceinline__ int planar(int gy, int gx) const {
+    const int tph = max(PLANAR_TH / p, 1), tpw = max(PLANAR_TW / p, 1);
+    const int ty = gy / tph, tx = gx / tpw;
+    return (ty * (gw / tpw) + tx) * row_values(p) + (gy - ty * tph) * p * PLANAR_TW +
+           (gx - tx * tpw) * p;
+  }
+  __device__ __forceinline__ int at(int ky, int kx) const {
+    if constexpr (PLANAR) {
+      return planar(gy0 + ky, gx0 + kx) - planar(gy0, gx0);
+    } else if constexpr (LAYOUT_MERGE == 0) {
+      return (ky * gw + kx) * row_values(p);
     } else {
-      return index(gy0 + ky, gx0 + kx) - index(gy0, gx0);
+      return (index(gy0 + ky, gx0 + kx) - index(gy0, gx0)) * row_values(p);
+    }
+  }
+  __device__ __forceinline__ int first() const {
+    if constexpr (PLANAR) {
+      return planar(gy0, gx0) - index(gy0, gx0) * row_values(p);
+    } else {
+      return 0;
     }
   }
 };
@@ -394,7 +432,12 @@ struct Units {
   }
   // The unit's first value in the tile's patches (32-bit, from its first patch's row).
   __device__ __forceinline__ int offset(int p, const PatchOrder& order) const {
-    return order.offset(ky, kx) * row_values(p) + U * u;
+    if constexpr (PLANAR) {  // the unit's line and column in its patch
+      const int e = U * u, py = (int)__umulhi((unsigned)e, inv_p);
+      return order.at(ky, kx) + py * LAYOUT_TW + e - py * p;
+    } else {
+      return order.at(ky, kx) + U * u;
+    }
   }
   __device__ __forceinline__ void next(int npw) {
     u += du;
@@ -440,13 +483,14 @@ __device__ __forceinline__ void for_each_unit(int p, int nph, int npw, const Pat
     px[run] = e - py[run] * p;
   }
   int ky = k < per ? div_small(k, npw) : nph, kx = k - ky * npw;
+  const int in_plane = PLANAR ? py[0] * LAYOUT_TW + px[0] : U * u;  // the unit's first value
   while (ky < nph) {
 #pragma unroll
     for (int run = 0; run < U / 2; ++run) {
       ry[run] = ky * p + py[run];
       cx[run] = kx * p + px[run];
     }
-    f(ry, cx, order.offset(ky, kx) * row_values(p) + U * u);
+    f(ry, cx, order.at(ky, kx) + in_plane);
     kx += per;
     while (kx >= npw) {
       kx -= npw;
@@ -545,10 +589,10 @@ __device__ __forceinline__ void plain_runs(const Rows& rows, const i64* d, const
     tx = tid - ty * bx;
     if (ty >= by) return;  // (the last phase of the tile: no barrier follows)
   }
-  const int pp = p * p;
+  const int pp = plane_values(p);
   for (PatchRow k(ty, by, p, npw); k.ky < nph; k.next(p, npw)) {
     const int ry = k.ky * p + k.py, cx = k.kx * p;  // the row and first column in the tile
-    T* o = o0 + (order.offset(k.ky, k.kx) * row_values(p) + k.py * p);
+    T* o = o0 + (order.at(k.ky, k.kx) + k.py * line_values(p));
     const u8* s = rows.row(ry) + cx * CH;
     for (int px = tx * V; px < p; px += bx * V) {
       const int n = ry < vh ? min(V, vw - cx - px) : 0;  // pixels of the run in the image
@@ -567,7 +611,7 @@ template <int CH, int U, typename Rows, typename Norm, typename T>
 __device__ __forceinline__ void plain_units(const Rows& rows, const i64* d, const Norm& norm,
                                             T* __restrict__ o0, int p, const PatchOrder& order,
                                             int nph, int npw, int vh, int vw, int y0, int x0) {
-  const int pp = p * p;
+  const int pp = plane_values(p);
   // INSIDE: the whole tile lies in the image (no padding), so every run has both pixels and
   // the loop is compiled without the checks (most tiles; those at the canvas's right and
   // bottom edges take the general loop)

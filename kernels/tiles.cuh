@@ -228,9 +228,9 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
   // through the normalise table into the patches, as an unresized tile (the rows and
   // columns past the resized image came out 0: the padding; RGBA is unpremultiplied and
   // composited first, inside the resized image only)
-  T* o0 = out + (i64)rec[R_PATCH] * row_values(p);  // patch offsets are 32-bit
-  const int pp = p * p;
-  const PatchOrder order{rec[R_GRID_W], rec[R_GY0], rec[R_GX0]};
+  const PatchOrder order{rec[R_GRID_W], rec[R_GY0], rec[R_GX0], p};
+  T* o0 = out + (i64)rec[R_PATCH] * row_values(p) + order.first();  // patch offsets: 32-bit
+  const int pp = plane_values(p);
   auto write_units = [&](auto unit, auto norm) {
     constexpr int U = decltype(unit)::value;
     using Norm = decltype(norm);
@@ -297,9 +297,9 @@ __device__ __forceinline__ void plain_tile(const u8* __restrict__ src,
   const int row = rec[R_ROW_BYTES], nph = rec[R_TILE_H], npw = rec[R_TILE_W];
   const int vh = rec[R_USED_H], vw = rec[R_USED_W];
   const int y0 = rec[R_GY0] * p, x0 = rec[R_GX0] * p;
-  const PatchOrder order{rec[R_GRID_W], rec[R_GY0], rec[R_GX0]};  // where its patches go
+  const PatchOrder order{rec[R_GRID_W], rec[R_GY0], rec[R_GX0], p};  // where its patches go
   const u8* s0 = src + (i64)(((u64)(unsigned)rec[R_SRC_HI] << 32) | (unsigned)rec[R_SRC_LO]);
-  T* o0 = out + (i64)rec[R_PATCH] * row_values(p);
+  T* o0 = out + (i64)rec[R_PATCH] * row_values(p) + order.first();
   const SourceRows source{s0, row};
   constexpr bool STAGE = CH != 4 && (sizeof(T) == 4 || FLAT);
   const StagedRows staged{plain_pitch(npw * p * CH), (unsigned)(u64)s0, (unsigned)row};
@@ -350,16 +350,16 @@ __device__ __forceinline__ void fused_tile(const u8* __restrict__ src, const u8*
   const int vy1 = min(y0 + nph * p, out_h), vx1 = min(x0 + npw * p, out_w);
   const bool tiled = d[TILED] != 0 && vy1 > y0 && vx1 > x0;
   const int p1 = (int)d[PASS1], p2 = (int)d[PASS2];
-  const PatchOrder order{gw, gy0, gx0};
-  const i64 first_patch = d[ROW] + order.index(gy0, gx0);
-  const int pp = p * p;
+  const PatchOrder order{gw, gy0, gx0, p};
+  T* const o0 = out + (d[ROW] + order.index(gy0, gx0)) * row_values(p) + order.first();
+  const int pp = plane_values(p);
   // the tile's patches, V pixels of a patch row at a time (V = 2 when p is even; an odd p
   // goes pixel by pixel): resized(y, x, v) gives a canvas pixel inside the resized image;
   // the rest is padding (0 before normalising)
   auto write_runs = [&](auto run, auto resized) {
     constexpr int V = decltype(run)::value;
     for (PatchRow k(ty, by, p, npw); k.ky < nph; k.next(p, npw)) {
-      T* o = out + (first_patch + order.offset(k.ky, k.kx)) * row_values(p) + k.py * p;
+      T* o = o0 + order.at(k.ky, k.kx) + k.py * line_values(p);
       const int y = (gy0 + k.ky) * p + k.py;
       const int xp = (gx0 + k.kx) * p;
       for (int px = tx * V; px < p; px += bx * V) {

@@ -148,14 +148,15 @@ class Materializer:
                 raise ConfigurationError('`gpu_decode=True` needs `compute="cuda"`')
             require_gpu_decoder()
         if self.compute == "cuda":
-            from mmwire.kernels import KIMI_LAYOUT, CupyLauncher, output_layout, region_patch
+            from mmwire.kernels import CupyLauncher, output_layout, region_layout, region_patch
 
             self._launcher = CupyLauncher(self.device)  # compiles the kernels once, up front
             for spec in (m(64, 64) for m in preprocess):
                 if spec.processor not in KERNEL_PROCESSORS:  # computed on the host
                     continue
                 if tiled(spec):
-                    self._launcher.compile(region_patch(spec.row_shape[1:]), KIMI_LAYOUT)
+                    tile = spec.row_shape[1:]
+                    self._launcher.compile(region_patch(tile), region_layout(tile))
                 else:
                     self._launcher.compile(spec.patch_size, output_layout(spec))
 

@@ -53,7 +53,8 @@ def build(out_dir: Path, patch: int = 0, layout: OutputLayout = KIMI_LAYOUT) -> 
     """Compile the host build of ``pixels.cu`` into ``out_dir``, for one patch size or any
     (0) and one output layout, with the flags the library compiles the kernels with;
     returns the library path."""
-    lib = out_dir / f"pixels_host_{patch}_{layout.merge}_{layout.temporal}.so"
+    shape = f"{layout.merge}_{layout.temporal}_{layout.tile_h}x{layout.tile_w}"
+    lib = out_dir / f"pixels_host_{patch}_{shape}.so"
     partial = lib.with_suffix(".partial")
     subprocess.run([_compiler(), *_command(patch, layout), "-o", str(partial)], check=True)
     partial.rename(lib)  # whole or absent, should a build be interrupted

@@ -10,7 +10,14 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-from mmwire.kernels import Launcher, pack, preprocess_packed, preprocess_regions, to_device
+from mmwire.kernels import (
+    Launcher,
+    OutputLayout,
+    pack,
+    preprocess_packed,
+    preprocess_regions,
+    to_device,
+)
 from mmwire.kernels.reference import rows_are_tiles
 from mmwire.materialize import (
     K3_BACKGROUND,
@@ -54,13 +61,15 @@ QWEN3_SMALL = QwenVLConfig(
     image_mean=(0.5, 0.5, 0.5),
     image_std=(0.5, 0.5, 0.5),
 )
-# rows that are whole tiles, through preprocess_regions (Kimi's build): tiles cut into
-# patches of 16 (MMA tiles), of 6, of 7 (odd: the general kernel's pixel-by-pixel path) and
-# of 8, BICUBIC (InternVL) and BILINEAR (Gemma 3, with pan-and-scan crops read in place)
+# rows that are whole tiles, through preprocess_regions, BICUBIC (InternVL) and BILINEAR
+# (Gemma 3, with pan-and-scan crops read in place): 32 x 48 tiles written as the tiles
+# themselves (patch 16, the build for that tile: TILE_LAYOUT), and through Kimi's rows and a
+# copy for tiles cut into patches of 6 and of 7 (odd: the general kernel's pixel by pixel)
+TILE_LAYOUT = OutputLayout(tile_h=32, tile_w=48)
 INTERNVL_SMALL = InternVLConfig(tile_height=32, tile_width=48, max_tiles=6)
 INTERNVL_EVEN = InternVLConfig(tile_height=30, tile_width=42, max_tiles=4)
 INTERNVL_ODD = InternVLConfig(tile_height=21, tile_width=35, max_tiles=3)
-GEMMA_SMALL = Gemma3Config(width=48, height=40, pan_and_scan=PanAndScan(8, 4, 1.2))
+GEMMA_SMALL = Gemma3Config(width=48, height=32, pan_and_scan=PanAndScan(8, 4, 1.2))
 GEMMA_ODD = Gemma3Config(width=35, height=49, pan_and_scan=PanAndScan(20, 3, 1.5))
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _BYTES = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}

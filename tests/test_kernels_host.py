@@ -23,6 +23,7 @@ from kernel_cases import (
     QWEN_CASES,
     QWEN_SMALL,
     SMALL,
+    TILE_LAYOUT,
     TILED_CASES,
     case,
     differing,
@@ -50,6 +51,7 @@ from mmwire.kernels._descriptors import (
     MIXED_PLAIN_TILE,
     MIXED_TAIL,
 )
+from mmwire.kernels._regions import region_layout
 from mmwire.kernels.reference import Normalisation, bicubic_coefficients, resize_reference
 from mmwire.materialize import KimiConfig
 from PIL import Image
@@ -684,17 +686,30 @@ def test_host_kernels_equal_the_cpu_path(
     assert differing(got_pv, want_pv) == 0
 
 
+@pytest.fixture(scope="module")
+def host_tiles(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> HostLauncher:
+    """The build whose rows are whole 32 x 48 tiles (TILE_LAYOUT)."""
+    root = build_root(request, tmp_path_factory)
+    return HostLauncher(shared_build(root, layout=TILE_LAYOUT), layout=TILE_LAYOUT)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("name", TILED_CASES)
 def test_host_tiled_rows_equal_the_cpu_path(
-    host: HostLauncher, rng: np.random.Generator, name: str, dtype: torch.dtype
+    request: pytest.FixtureRequest, rng: np.random.Generator, name: str, dtype: torch.dtype
 ) -> None:
     # InternVL's tiles and thumbnail and Gemma 3's image and crops: regions of one upload,
     # resized BICUBIC or BILINEAR, each (3, h, w) row equal to the CPU path's (itself == to
-    # transformers' processors)
+    # transformers' processors); written as tiles by the tile's build, or through Kimi's
     items = case(name, rng)
+    tile = items[0][1](64, 64).row_shape[1:]
+    direct = region_layout(tile) == TILE_LAYOUT
+    assert direct == (name in ("internvl", "gemma")), tile
+    launcher = request.getfixturevalue("host_tiles" if direct else "host")
     want_pv, want_grid = reference(items, dtype)
-    got_pv, got_grid = kernels(items, dtype, "cpu", host)
+    got_pv, got_grid = kernels(items, dtype, "cpu", launcher)
     assert torch.equal(got_grid, want_grid)
     assert differing(got_pv, want_pv) == 0
 
