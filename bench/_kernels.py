@@ -217,6 +217,15 @@ def _transformers_way(cfg: ModelSpec) -> Any:
             image_mean=list(cfg.image_mean),
             image_std=list(cfg.image_std),
             do_pan_and_scan=cfg.pan_and_scan is not None,
+            **(
+                {}
+                if cfg.pan_and_scan is None
+                else {
+                    "pan_and_scan_min_crop_size": cfg.pan_and_scan.min_crop,
+                    "pan_and_scan_max_num_crops": cfg.pan_and_scan.max_crops,
+                    "pan_and_scan_min_ratio_to_activate": cfg.pan_and_scan.min_ratio,
+                }
+            ),
         )
     elif isinstance(cfg, InternVLConfig):
         proc = transformers.GotOcr2ImageProcessor(
