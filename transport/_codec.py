@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar, final
+from typing import Any, NoReturn, TypeVar, final
 
 import msgspec
 
@@ -38,7 +38,14 @@ from .errors import (
     SchemaVersionError,
 )
 
-__all__ = ["BatchDecoder", "DecodedBatch", "Limits", "check_envelopes", "encode_batch"]
+__all__ = [
+    "BatchDecoder",
+    "DecodedBatch",
+    "Limits",
+    "check_envelopes",
+    "encode_batch",
+    "encode_checked",
+]
 
 
 @dataclass(frozen=True)
@@ -73,6 +80,12 @@ def encode_batch(envelopes: Sequence[FeatureEnvelope], inline: Sequence[Any] = (
     return [_ENCODER.encode(header), *inline]
 
 
+def encode_checked(envelopes: Sequence[FeatureEnvelope]) -> bytes:
+    """The header of a batch of envelopes ``check_envelopes`` passed (with this side's own
+    payload references since), without checking them again: a publish's one encode."""
+    return _ENCODER.encode(_Header(version=SCHEMA_VERSION, envelopes=tuple(envelopes), frames=0))
+
+
 def check_envelopes(envelopes: Sequence[FeatureEnvelope]) -> None:
     """Refuse, as a consumer's decoder would, envelopes built on this side: the batch's
     rules, and the field types of the structs a caller hands in (a ``Grid``, a
@@ -80,7 +93,11 @@ def check_envelopes(envelopes: Sequence[FeatureEnvelope]) -> None:
     The rest of an envelope is built from checked values and validated as it is built, so
     this costs a fraction of an encode-and-decode round trip."""
     for env in envelopes:
-        _recheck(env.grid, Grid)
+        grid = env.grid
+        # a Grid checks its values as it is made; only a container msgspec would not encode
+        # (or decode as a tuple) could slip by
+        if type(grid) is not Grid or type(grid.dims) is not tuple:
+            _recheck(grid, Grid)
         if env.preprocess is not None:
             _recheck(env.preprocess, PreprocessSpec)
     header = _Header(version=SCHEMA_VERSION, envelopes=tuple(envelopes), frames=0)
@@ -145,16 +162,31 @@ class BatchDecoder:
         return DecodedBatch(envelopes=GlobalTable(header.envelopes), frames=payload_frames)
 
     def _decode_header(self, buf: memoryview) -> _Header:
+        # one decode for a good batch; the version alone is probed only when it fails, so a
+        # batch of a version this side cannot read says so rather than what did not parse
+        try:
+            header = self._header.decode(buf)
+        except msgspec.MsgspecError:
+            self._check_version(buf)
+            # the same bytes again, their defect raised as the EnvelopeError behind it
+            header = _as_envelope_error(lambda: self._header.decode(buf))
+        if header.version not in READABLE_VERSIONS:
+            self._refuse_version(header.version)
+        return header
+
+    def _check_version(self, buf: memoryview) -> None:
         try:
             probe = self._probe.decode(buf)
         except msgspec.MsgspecError as e:
             raise MalformedEnvelope(f"header is not an envelope batch: {e}") from e
         if probe.version not in READABLE_VERSIONS:
-            raise SchemaVersionError(
-                f"batch `version` {probe.version} is not readable (versions "
-                f"{list(READABLE_VERSIONS)})"
-            )
-        return _as_envelope_error(lambda: self._header.decode(buf))
+            self._refuse_version(probe.version)
+
+    @staticmethod
+    def _refuse_version(version: int) -> NoReturn:
+        raise SchemaVersionError(
+            f"batch `version` {version} is not readable (versions {list(READABLE_VERSIONS)})"
+        )
 
 
 _T = TypeVar("_T")

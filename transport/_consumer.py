@@ -239,11 +239,10 @@ class Consumer:
         conn = self._handover_conn
         if conn is None:
             return True
-        readable, _, _ = select.select([conn], [], [], 0)
-        if not readable:
+        try:  # one peek: nothing waiting means alive, EOF means gone
+            return conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
+        except (BlockingIOError, InterruptedError):
             return True
-        try:
-            return conn.recv(1, socket.MSG_PEEK) != b""
         except OSError:
             return False
 

@@ -25,7 +25,7 @@ import msgspec
 import zmq
 
 from ._arena import Arena, Lease
-from ._codec import encode_batch
+from ._codec import encode_batch, encode_checked
 from ._control import Member
 from ._lane import MAX_PACKET
 from ._membership import Roster
@@ -105,8 +105,10 @@ class Delivery:
         frames: list[Any] | None = None,
         staged: Staged | None = None,
     ) -> Sending:
-        """Send a batch to every joined member whose queue has room, without waiting."""
-        shared_frames = encode_batch(envs) if frames is None else frames
+        """Send a batch to every joined member whose queue has room, without waiting.
+        ``envs`` passed ``check_envelopes`` (the publisher's); ``frames``: the batch's own,
+        already encoded."""
+        shared_frames = [encode_checked(envs)] if frames is None else frames
         owners = {r for e in envs for r in e.consumers}
         request_id = envs[0].request_id
         # owners first: a lane's wake-up may hand a core to its rank at once, and the

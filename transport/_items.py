@@ -340,9 +340,11 @@ def _as_array(data: Any, where: str) -> tuple[np.ndarray[Any, Any], str]:
     if is_tensor(data):
         import torch
 
-        t = data.detach().contiguous()
+        # each tensor call costs several µs at these sizes: detach only what needs it, and
+        # let numpy make the copy a strided tensor needs
+        t = data.detach() if data.requires_grad else data
         if t.dtype == torch.bfloat16:
-            return t.view(torch.int16).numpy(), "bfloat16"
+            return t.contiguous().view(torch.int16).numpy(), "bfloat16"
         arr = t.numpy()
     elif isinstance(data, np.ndarray):
         arr = data
