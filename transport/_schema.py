@@ -655,89 +655,97 @@ class FeatureEnvelope(msgspec.Struct, frozen=True, kw_only=True):
             raise SchemaVersionError(
                 f"`version` {self.version} is not readable (versions {list(READABLE_VERSIONS)})"
             )
-        where = f"item {self.index.value} of request {self.request_id!r}"
+        # every envelope a batch holds passes here, on both sides: the messages' text is
+        # made only when one is raised
         if not self.consumers:
-            raise MalformedEnvelope(f"`consumers` of {where} must name at least one rank")
+            raise MalformedEnvelope(f"`consumers` of {self._where()} must name at least one rank")
         if len(set(self.consumers)) != len(self.consumers) or min(self.consumers) < 0:
             raise MalformedEnvelope(
-                f"`consumers` of {where} must be distinct ranks >= 0, got {list(self.consumers)}"
+                f"`consumers` of {self._where()} must be distinct ranks >= 0, "
+                f"got {list(self.consumers)}"
             )
         payload_len = getattr(self.payload, "length", None)
         if payload_len is not None and payload_len != self.tensor.nbytes:
             raise ByteLengthMismatch(
-                f"`payload.length` {payload_len} of {where} != `tensor.nbytes` {self.tensor.nbytes}"
+                f"`payload.length` {payload_len} of {self._where()} != "
+                f"`tensor.nbytes` {self.tensor.nbytes}"
             )
         if self.kind == "raw":
-            self._check_raw(where)
+            self._check_raw()
         elif self.kind == "encoded":
-            self._check_encoded(where)
+            self._check_encoded()
         elif self.preprocess is not None:
             raise MalformedEnvelope(
-                f"`preprocess` is only allowed on raw and encoded items ({where})"
+                f"`preprocess` is only allowed on raw and encoded items ({self._where()})"
             )
         if (self.encoding is not None) != (self.kind == "encoded"):
-            raise MalformedEnvelope(f"`encoding` is required on encoded items only ({where})")
+            raise MalformedEnvelope(
+                f"`encoding` is required on encoded items only ({self._where()})"
+            )
         if self.kind == "processed" and self.tensor.shape[0] != self.grid.patches:
             raise GridMismatch(
-                f"processed tensor of {where} has {self.tensor.shape[0]} rows but its grid "
+                f"processed tensor of {self._where()} has {self.tensor.shape[0]} rows but its grid "
                 f"{list(self.grid.dims)} has {self.grid.patches} patches"
             )
-        for name in ("digest", "caller_key"):
-            value = getattr(self, name)
+        for name, value in (("digest", self.digest), ("caller_key", self.caller_key)):
             if value is not None and len(value) > 128:
-                raise MalformedEnvelope(f"`{name}` of {where} is over 128 characters")
+                raise MalformedEnvelope(f"`{name}` of {self._where()} is over 128 characters")
 
-    def _check_encoded(self, where: str) -> None:
+    def _where(self) -> str:
+        return f"item {self.index.value} of request {self.request_id!r}"
+
+    def _check_encoded(self) -> None:
         spec, enc = self.preprocess, self.encoding
         if spec is None or enc is None:
-            raise MalformedEnvelope(f"encoded {where} needs `preprocess` and `encoding`")
+            raise MalformedEnvelope(f"encoded {self._where()} needs `preprocess` and `encoding`")
         if self.tensor.dtype != "uint8" or len(self.tensor.shape) != 1:
             raise MalformedEnvelope(
-                f"encoded {where} must carry (nbytes,) uint8, got "
+                f"encoded {self._where()} must carry (nbytes,) uint8, got "
                 f"{self.tensor.dtype}{list(self.tensor.shape)}"
             )
         if (enc.width, enc.height) != (spec.plan.width, spec.plan.height):
             raise DimensionError(
-                f"encoded {where} is {enc.width}x{enc.height} but its plan says "
+                f"encoded {self._where()} is {enc.width}x{enc.height} but its plan says "
                 f"{spec.plan.width}x{spec.plan.height}"
             )
         if enc.channels == 4 and spec.alpha == "white":
             raise DimensionError(
-                f"encoded {where} declares RGBA, but its processor composites transparency "
+                f"encoded {self._where()} declares RGBA, but its processor composites transparency "
                 "over white: 1 or 3 channels"
             )
         if spec.plan.grid.thw != self.grid.thw:
             raise GridMismatch(
-                f"`grid` {list(self.grid.dims)} of {where} disagrees with its plan's grid "
+                f"`grid` {list(self.grid.dims)} of {self._where()} disagrees with its plan's grid "
                 f"{list(spec.plan.grid.dims)}"
             )
 
-    def _check_raw(self, where: str) -> None:
+    def _check_raw(self) -> None:
         spec = self.preprocess
         if spec is None:
-            raise MalformedEnvelope(f"raw {where} needs a `preprocess` spec")
+            raise MalformedEnvelope(f"raw {self._where()} needs a `preprocess` spec")
         if self.tensor.dtype != "uint8":
             raise MalformedEnvelope(
-                f"raw {where} must carry uint8 pixels, got `tensor.dtype` {self.tensor.dtype!r}"
+                f"raw {self._where()} must carry uint8 pixels, "
+                f"got `tensor.dtype` {self.tensor.dtype!r}"
             )
         shape = self.tensor.shape
         if len(shape) != 3 or shape[2] not in (1, 3, 4):
             raise DimensionError(
-                f"raw {where} must be (H, W, C) with C in 1/3/4, got {list(shape)}"
+                f"raw {self._where()} must be (H, W, C) with C in 1/3/4, got {list(shape)}"
             )
         if shape[2] == 4 and spec.alpha == "white":
             raise DimensionError(
-                f"raw {where} is RGBA, but its processor composites transparency over white "
-                "on the producer: 1 or 3 channels"
+                f"raw {self._where()} is RGBA, but its processor composites transparency over "
+                "white on the producer: 1 or 3 channels"
             )
         if (shape[1], shape[0]) != (spec.plan.width, spec.plan.height):
             raise DimensionError(
-                f"raw {where} is {shape[1]}x{shape[0]} but its plan says "
+                f"raw {self._where()} is {shape[1]}x{shape[0]} but its plan says "
                 f"{spec.plan.width}x{spec.plan.height}"
             )
         if spec.plan.grid.thw != self.grid.thw:
             raise GridMismatch(
-                f"`grid` {list(self.grid.dims)} of {where} disagrees with its plan's grid "
+                f"`grid` {list(self.grid.dims)} of {self._where()} disagrees with its plan's grid "
                 f"{list(spec.plan.grid.dims)}"
             )
 
