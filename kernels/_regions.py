@@ -1,4 +1,4 @@
-"""Families whose rows are whole images, ``(3, h, w)``: regions of one upload, resized and
+"""Families whose rows are whole tiles, ``(3, h, w)``: regions of one upload, resized and
 cut into tiles (InternVL's tiles and thumbnail, Gemma 3's image and pan-and-scan crops).
 
 Each region is one job of an ordinary launch: a box of an uploaded image (read in place,
@@ -13,6 +13,7 @@ for byte.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -23,7 +24,7 @@ from mmwire.transport import PreprocessSpec
 from ._abi import KIMI_LAYOUT, UNIT_BYTES, OutputLayout
 from ._descriptors import TILE_SMEM_BYTES, ImageJob, Layout, layout_of
 from ._launch import Launcher
-from ._ops import Shape, check_launch, fuse, mma_smem, tensor_cores
+from ._ops import _BITS, Shape, check_launch, fuse, mma_smem, tensor_cores
 from .reference import Normalisation, normalisation_of, resample_filter
 
 __all__ = ["Region", "preprocess_regions", "region_layout", "region_patch"]
@@ -68,7 +69,6 @@ class _RegionPlan:
     output: OutputLayout
     placed: tuple[tuple[int, int, int, int], ...]
     """Per job: its first scratch row, its first output row, and its tiles down and across."""
-    rows: int
 
 
 @lru_cache(maxsize=256)
@@ -149,7 +149,7 @@ def _plan(
         mixed=True,
         tile=(output.tile_h, output.tile_w),
     )
-    return _RegionPlan(layout, tuple(stats), p, tile, output, tuple(placed), row)
+    return _RegionPlan(layout, tuple(stats), p, tile, output, tuple(placed))
 
 
 def preprocess_regions(
@@ -181,10 +181,13 @@ def preprocess_regions(
     p = plan.patch
     if out.ndim != 4 or tuple(out.shape[1:]) != (3, th, tw) or not out.is_contiguous():
         raise ValueError(f"`out` must be a contiguous (rows, 3, {th}, {tw}) tensor")
-    if out.device != src.device:
-        raise ValueError(f"`out` must be on {src.device}")
-    if any(row < 0 or row + d * a > out.shape[0] for _, row, d, a in plan.placed):
+    if out.device != src.device or out.dtype not in _BITS:
+        raise ValueError(f"`out` must be float32, bfloat16 or float16 on {src.device}")
+    spans = sorted((row, row + d * a) for _, row, d, a in plan.placed)
+    if spans[0][0] < 0 or spans[-1][1] > out.shape[0]:
         raise ValueError(f"the regions' rows do not fit in `out` ({out.shape[0]} rows)")
+    if any(a[1] > b[0] for a, b in itertools.pairwise(spans)):
+        raise ValueError("images' output rows overlap")
     check_launch(src, plan.layout, p)
     if plan.output.tile_w:
         if out.data_ptr() % UNIT_BYTES:  # the kernels store 8 bytes at a time

@@ -714,6 +714,28 @@ def test_host_tiled_rows_equal_the_cpu_path(
     assert differing(got_pv, want_pv) == 0
 
 
+def test_regions_that_do_not_fit_are_refused_before_any_launch() -> None:
+    from mmwire.kernels import Region, preprocess_regions
+    from mmwire.materialize import InternVLConfig
+
+    cfg = InternVLConfig(tile_height=32, tile_width=48, max_tiles=4)
+    src = torch.zeros(2 * 40 * 50 * 3, dtype=torch.uint8)
+    shapes, specs = [(40, 50, 3)] * 2, [cfg(50, 40)] * 2
+    whole = Region(0, 0, 50, 40, 48, 32)
+    out = torch.empty((4, 3, 32, 48))
+    cases = [
+        ([[Region(10, 0, 50, 40, 48, 32)], [whole]], out, None, "not a box"),  # past the edge
+        ([[Region(0, 0, 50, 40, 40, 32)], [whole]], out, None, "whole 48x32"),  # not a tile
+        ([[whole], [whole]], torch.empty((4, 3, 48, 32)), None, "contiguous"),
+        ([[whole], [whole]], out.double(), None, "float32"),
+        ([[whole], [whole]], out, [0, 0], "overlap"),
+        ([[whole], [whole]], out, [0, 4], "do not fit"),
+    ]
+    for regions, dst, rows, message in cases:
+        with pytest.raises(ValueError, match=message):
+            preprocess_regions(src, shapes, specs, regions, dst, rows=rows)
+
+
 def test_host_pitches_mirror_the_kernels(host_lib: Path) -> None:
     # the host sizes each tile's shared memory with _plain_pitch and _mma_pitch: a pitch
     # the kernel lays out wider would overflow it, a narrower one waste it
