@@ -104,6 +104,8 @@ def _plan(
             raise ValueError(
                 f"image is {w}x{h} but its plan says {spec.plan.width}x{spec.plan.height}"
             )
+        if c == 4 and spec.alpha == "white":  # as the CPU path: composited on the producer
+            raise ValueError("an RGBA image for a processor that composites on the producer")
         table = stats.setdefault(normalisation_of(spec), len(stats))
         row = row if rows is None else rows[i]
         for r in boxes:

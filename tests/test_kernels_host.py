@@ -734,6 +734,9 @@ def test_regions_that_do_not_fit_are_refused_before_any_launch() -> None:
     for regions, dst, rows, message in cases:
         with pytest.raises(ValueError, match=message):
             preprocess_regions(src, shapes, specs, regions, dst, rows=rows)
+    rgba = torch.zeros(2 * 40 * 50 * 4, dtype=torch.uint8)  # composited on the producer
+    with pytest.raises(ValueError, match="RGBA"):
+        preprocess_regions(rgba, [(40, 50, 4)] * 2, specs, [[whole], [whole]], out)
 
 
 def test_host_pitches_mirror_the_kernels(host_lib: Path) -> None:
