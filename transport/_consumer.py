@@ -234,8 +234,9 @@ class Consumer:
         ended this process's member), or it sent a notice that this member ended."""
         if self._cut_off is not None:
             return False
-        if self._lane is not None and self._lane.closed_by_producer():
-            return False  # it ends a member's lane first, before releasing what it held
+        if self._lane is not None:  # one peek: the producer closes a member's lane first,
+            # before releasing what it held, when it ends the member, closes or dies
+            return not self._lane.closed_by_producer()
         conn = self._handover_conn
         if conn is None:
             return True
@@ -417,7 +418,8 @@ class Consumer:
             finally:
                 self._release(leases)
             leases = set()
-        return ReceivedBatch(self, batch.envelopes, batch.frames, leases, device, pulled)
+        owned = tuple(e.index for e in mine)
+        return ReceivedBatch(self, batch.envelopes, batch.frames, leases, device, pulled, owned)
 
     def _open_device(self, env: FeatureEnvelope, waited: set[int]) -> torch.Tensor:
         """A device view of an owned pool item, ordered after the producer's copy."""
@@ -616,6 +618,8 @@ class ReceivedBatch:
     _device: list[FeatureEnvelope] = field(default_factory=list)
     _pulled: PulledItems | None = None
     """The owned items read through the transfer engine into the receive pool."""
+    _owned: tuple[GlobalIndex, ...] = ()
+    """Global positions of this rank's items (taken once, at decode)."""
     released: bool = field(default=False)
     _waited: set[int] = field(default_factory=set)
     _seq: int | None = None
@@ -624,8 +628,7 @@ class ReceivedBatch:
     @property
     def owned(self) -> tuple[GlobalIndex, ...]:
         """Global positions of the items this rank consumes."""
-        rank = self._consumer.rank
-        return tuple(g for g, e in self.envelopes.items() if rank in e.consumers)
+        return self._owned
 
     def _buffer(self, index: GlobalIndex) -> tuple[FeatureEnvelope, Any, int]:
         if self.released:
