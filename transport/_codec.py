@@ -218,6 +218,19 @@ def _as_bytes(frame: Any, what: str) -> memoryview:
         raise FrameError(f"{what} is not a contiguous bytes-like frame: {e}") from None
 
 
+class _Where:
+    """``item <position> of request <id>``, formatted only if a message uses it."""
+
+    __slots__ = ("position", "request_id")
+
+    def __init__(self, position: int, request_id: str) -> None:
+        self.position = position
+        self.request_id = request_id
+
+    def __str__(self) -> str:
+        return f"item {self.position} of request {self.request_id!r}"
+
+
 def _check_batch(header: _Header, frame_sizes: Sequence[int], limits: Limits) -> None:
     envs = header.envelopes
     if len(envs) > limits.max_items:
@@ -228,8 +241,9 @@ def _check_batch(header: _Header, frame_sizes: Sequence[int], limits: Limits) ->
         )
     used: set[int] = set()
     for position, env in enumerate(envs):
-        where = f"item {position} of request {env.request_id!r}"
-        if env.index != GlobalIndex(position):
+        # (every batch passes here on both sides: a message's text is made when it is raised)
+        where = _Where(position, env.request_id)
+        if env.index.value != position:
             raise MalformedEnvelope(
                 f"`index` of the envelope at position {position} is {env.index!r}; "
                 f"a batch lists items in GlobalIndex order"

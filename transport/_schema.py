@@ -181,11 +181,8 @@ class TensorSpec(msgspec.Struct, frozen=True, kw_only=True):
             raise DimensionError(
                 f"`tensor.shape` must have 1..{_MAX_NDIM} dims, got {list(self.shape)}"
             )
-        for d in self.shape:
-            if d <= 0:
-                raise DimensionError(
-                    f"`tensor.shape` dims must be positive, got {list(self.shape)}"
-                )
+        if min(self.shape) <= 0:
+            raise DimensionError(f"`tensor.shape` dims must be positive, got {list(self.shape)}")
         expected = math.prod(self.shape) * itemsize  # Python ints: no overflow
         if self.nbytes != expected:
             raise ByteLengthMismatch(
@@ -228,13 +225,14 @@ class CpuRef(msgspec.Struct, frozen=True, kw_only=True, tag="cpu", tag_field="ba
     generation: int
 
     def __post_init__(self) -> None:
-        _non_negative(
-            "payload",
-            lease=self.lease,
-            offset=self.offset,
-            length=self.length,
-            generation=self.generation,
-        )
+        if min(self.lease, self.offset, self.length, self.generation) < 0:
+            _non_negative(
+                "payload",
+                lease=self.lease,
+                offset=self.offset,
+                length=self.length,
+                generation=self.generation,
+            )
 
 
 class CudaIpcRef(msgspec.Struct, frozen=True, kw_only=True, tag="cuda_ipc", tag_field="backend"):
