@@ -218,19 +218,6 @@ def _as_bytes(frame: Any, what: str) -> memoryview:
         raise FrameError(f"{what} is not a contiguous bytes-like frame: {e}") from None
 
 
-class _Where:
-    """``item <position> of request <id>``, formatted only if a message uses it."""
-
-    __slots__ = ("position", "request_id")
-
-    def __init__(self, position: int, request_id: str) -> None:
-        self.position = position
-        self.request_id = request_id
-
-    def __str__(self) -> str:
-        return f"item {self.position} of request {self.request_id!r}"
-
-
 def _check_batch(header: _Header, frame_sizes: Sequence[int], limits: Limits) -> None:
     envs = header.envelopes
     if len(envs) > limits.max_items:
@@ -241,8 +228,8 @@ def _check_batch(header: _Header, frame_sizes: Sequence[int], limits: Limits) ->
         )
     used: set[int] = set()
     for position, env in enumerate(envs):
-        # (every batch passes here on both sides: a message's text is made when it is raised)
-        where = _Where(position, env.request_id)
+        # (every batch passes here on both sides: a message's text is made when it is raised,
+        # by the envelope, whose index is its position from here on)
         if env.index.value != position:
             raise MalformedEnvelope(
                 f"`index` of the envelope at position {position} is {env.index!r}; "
@@ -250,7 +237,7 @@ def _check_batch(header: _Header, frame_sizes: Sequence[int], limits: Limits) ->
             )
         if env.tensor.nbytes > limits.max_bytes:
             raise LimitExceeded(
-                f"`tensor.nbytes` {env.tensor.nbytes} of {where} is over `max_bytes` "
+                f"`tensor.nbytes` {env.tensor.nbytes} of {env._where()} is over `max_bytes` "
                 f"{limits.max_bytes}"
             )
         if env.preprocess is not None:
@@ -262,23 +249,25 @@ def _check_batch(header: _Header, frame_sizes: Sequence[int], limits: Limits) ->
             ):
                 if w * h > limits.max_pixels:
                     raise LimitExceeded(
-                        f"{label} {w}x{h} of {where} is {w * h} pixels, over `max_pixels` "
+                        f"{label} {w}x{h} of {env._where()} is {w * h} pixels, over `max_pixels` "
                         f"{limits.max_pixels}"
                     )
         ref = env.payload
         if isinstance(ref, InlineRef):
             if ref.frame >= len(frame_sizes):
                 raise FrameError(
-                    f"`payload.frame` {ref.frame} of {where} is beyond the "
+                    f"`payload.frame` {ref.frame} of {env._where()} is beyond the "
                     f"{len(frame_sizes)} inline frames"
                 )
             if ref.frame in used:
-                raise FrameError(f"`payload.frame` {ref.frame} of {where} is referenced twice")
+                raise FrameError(
+                    f"`payload.frame` {ref.frame} of {env._where()} is referenced twice"
+                )
             used.add(ref.frame)
             if frame_sizes[ref.frame] != env.tensor.nbytes:
                 raise FrameError(
-                    f"inline frame {ref.frame} of {where} has {frame_sizes[ref.frame]} bytes, "
-                    f"`tensor.nbytes` says {env.tensor.nbytes}"
+                    f"inline frame {ref.frame} of {env._where()} has "
+                    f"{frame_sizes[ref.frame]} bytes, `tensor.nbytes` says {env.tensor.nbytes}"
                 )
     if len(used) != len(frame_sizes):
         raise FrameError(
