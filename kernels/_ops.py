@@ -469,11 +469,17 @@ def _check_out(
     for job in jobs:
         start = packed if job.row is None else job.row  # as layout_of places it
         packed += job.patches
-        if start < 0 or start + job.patches > out.shape[0]:
-            raise ValueError(f"rows {start}..{start + job.patches} do not fit in `out`")
         spans.append((start, start + job.patches))
-    spans.sort()
-    if any(a[1] > b[0] for a, b in itertools.pairwise(spans)):
+    check_rows(spans, int(out.shape[0]))
+
+
+def check_rows(spans: Sequence[tuple[int, int]], rows: int) -> None:
+    """Refuse images' output rows ``[start, end)`` that fall outside ``rows`` or overlap."""
+    for start, end in spans:
+        if start < 0 or end > rows:
+            raise ValueError(f"rows {start}..{end} do not fit in `out`")
+    ordered = sorted(spans)
+    if any(a[1] > b[0] for a, b in itertools.pairwise(ordered)):
         raise ValueError("images' output rows overlap")
 
 

@@ -13,7 +13,6 @@ for byte.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -24,7 +23,7 @@ from mmwire.transport import PreprocessSpec
 from ._abi import KIMI_LAYOUT, UNIT_BYTES, OutputLayout
 from ._descriptors import TILE_SMEM_BYTES, ImageJob, Layout, layout_of
 from ._launch import Launcher
-from ._ops import _BITS, Shape, check_launch, fuse, mma_smem, tensor_cores
+from ._ops import _BITS, Shape, check_launch, check_rows, fuse, mma_smem, tensor_cores
 from .reference import Normalisation, normalisation_of, resample_filter
 
 __all__ = ["Region", "preprocess_regions", "region_layout", "region_patch"]
@@ -185,11 +184,7 @@ def preprocess_regions(
         raise ValueError(f"`out` must be a contiguous (rows, 3, {th}, {tw}) tensor")
     if out.device != src.device or out.dtype not in _BITS:
         raise ValueError(f"`out` must be float32, bfloat16 or float16 on {src.device}")
-    spans = sorted((row, row + d * a) for _, row, d, a in plan.placed)
-    if spans[0][0] < 0 or spans[-1][1] > out.shape[0]:
-        raise ValueError(f"the regions' rows do not fit in `out` ({out.shape[0]} rows)")
-    if any(a[1] > b[0] for a, b in itertools.pairwise(spans)):
-        raise ValueError("images' output rows overlap")
+    check_rows([(row, row + d * a) for _, row, d, a in plan.placed], int(out.shape[0]))
     check_launch(src, plan.layout, p)
     if plan.output.tile_w:
         if out.data_ptr() % UNIT_BYTES:  # the kernels store 8 bytes at a time
