@@ -95,6 +95,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=3.0,
         help="with --capacity: how long each rate is held (its requests cycle)",
     )
+    vid = sub.add_parser("video", help="video items: bytes shipped and the owner's decode")
+    vid.add_argument("--seconds", default="10,30", help="comma-separated clip lengths")
+    vid.add_argument("--heights", default="480,720,1080", help="comma-separated heights")
+    vid.add_argument("--family", default="qwen2.5-vl", help="qwen2-vl, qwen2.5-vl or qwen3-vl")
+    vid.add_argument("--fps", type=float, default=2.0, help="frames sampled per second")
+    vid.add_argument("--reps", type=int, default=3)
     en = sub.add_parser("engine", help="reuse and the owner cache on a chat trace; async publish")
     en.add_argument("--ranks", type=int, default=2)
     en.add_argument("--conversations", type=int, default=6)
@@ -191,6 +197,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.device,
             out_dir=args.out,
             max_megapixels=args.max_megapixels,
+        )
+    elif command == "video":
+        from ._video import run_video
+
+        run_video(
+            [float(x) for x in args.seconds.split(",")],
+            [int(x) for x in args.heights.split(",")],
+            args.family,
+            args.fps,
+            args.reps,
+            out_dir=args.out,
+            console=console,
         )
     elif command == "gpu-transport":
         from ._gpu_transport import run_gpu_transport

@@ -13,7 +13,8 @@ General layout: ``_families`` (the model families and ``spec_for``), one module 
 (the plan a received spec must have), ``_grids`` (grid/token arithmetic), ``_placeholders``,
 ``_defer`` (the producer's gate), ``_assign`` (vision-DP owners), ``_pipeline`` (the exact
 CPU pixel pipeline), ``_regions`` (the regions InternVL and Gemma 3 cut an image into),
-``_decode`` (an encoded item's decode at the owner), ``_compute`` (CPU or CUDA), ``_cache``
+``_decode`` (an encoded item's decode at the owner), ``_video`` (Qwen-VL video: plan and
+pixels, public as ``mmwire.materialize.video``), ``_compute`` (CPU or CUDA), ``_cache``
 (the owner's cache of outputs), ``_materializer`` (the owner rank's entry point).
 """
 

@@ -281,3 +281,47 @@ def qwen_reference(
     pixel_values = torch.from_numpy(np.ascontiguousarray(got["pixel_values"]))
     assert pixel_values.dtype == torch.float32
     return pixel_values.to(dtype), torch.from_numpy(got["image_grid_thw"])
+
+
+def video_oracle() -> Any:
+    """transformers' video side: ``Qwen2VLVideoProcessor``, ``Qwen3VLVideoProcessor``,
+    ``Qwen3VLProcessor`` (its timestamps), ``VideoMetadata`` and ``read_video_pyav`` (the
+    PyAV loader), as a namespace. Needs torchvision (the processors resize with it)."""
+    import types
+
+    saved = list(sys.path)
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _ROOT]
+    try:
+        from transformers import (
+            Qwen2VLVideoProcessor,
+            Qwen3VLProcessor,
+            Qwen3VLVideoProcessor,
+        )
+        from transformers.video_utils import VideoMetadata, read_video_pyav
+    finally:
+        sys.path[:] = saved
+    return types.SimpleNamespace(
+        Qwen2VLVideoProcessor=Qwen2VLVideoProcessor,
+        Qwen3VLVideoProcessor=Qwen3VLVideoProcessor,
+        Qwen3VLProcessor=Qwen3VLProcessor,
+        VideoMetadata=VideoMetadata,
+        read_video_pyav=read_video_pyav,
+    )
+
+
+VIDEO_PARAMS: dict[str, dict[str, Any]] = {
+    # Qwen2.5-VL checkpoints publish no video_preprocessor_config.json: transformers' video
+    # processor reads their preprocessor_config.json, pixel limits included
+    "qwen2.5-vl": QWEN_PARAMS["qwen2.5-vl"],
+    # a Qwen3-VL checkpoint's video_preprocessor_config.json
+    "qwen3-vl": {
+        "size": {"longest_edge": 25165824, "shortest_edge": 4096},
+        "patch_size": 16,
+        "temporal_patch_size": 2,
+        "merge_size": 2,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "processor_class": "Qwen3VLProcessor",
+        "video_processor_type": "Qwen3VLVideoProcessor",
+    },
+}

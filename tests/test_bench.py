@@ -227,3 +227,15 @@ def test_the_demo_ranks_paths_and_shares_a_place_within_ten_percent() -> None:
     }
     assert ranking({"a": 100.0, "b": 109.0, "c": 118.0}) == {"a": "1=", "b": "1=", "c": "1="}
     assert ranking({"a": 100.0, "b": 111.0}) == {"a": "1", "b": "2"}
+
+
+def test_video_ships_the_container_and_decodes_only_the_sampled_frames(tmp_path: Path) -> None:
+    args = ["--out", str(tmp_path / "r"), "video", "--seconds", "4", "--heights", "144"]
+    assert main([*args, "--reps", "1"]) == 0
+    (run,) = (tmp_path / "r").iterdir()
+    (row,) = json.loads((run / "results.json").read_text())["rows"]
+    assert (row["frames"], row["sampled"], row["height"]) == (120, 8, 144)
+    # the container < the sampled frames < the eager fp32 rows
+    assert row["bytes_container"] * 5 < row["bytes_frames"] < row["bytes_fp32"]
+    assert all(row[k] > 0 for k in ("probe_s", "decode_s", "pixels_s", "full_rgb_s", "full_s"))
+    assert "frontend" in (run / "table.txt").read_text()

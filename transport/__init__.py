@@ -4,8 +4,8 @@ A backend is the path a payload takes to its owner: ``cpu`` (the producer's shar
 arena), ``cuda_ipc`` or ``fabric`` (a device pool), or zmq frames and the transfer engine
 for a rank on another host. What an embedding engine calls is here; three namespaces hold
 the rest: ``errors`` (every exception, rooted at ``errors.MmwireError``), ``wire`` (the
-codec, payload references and views, for code that decodes frames itself) and ``images``
-(the image input contract).
+codec, payload references and views, for code that decodes frames itself), ``images``
+(the image input contract) and ``videos`` (the video one).
 
 General layout: ``errors`` (the exception tree), ``_index`` (GlobalIndex/LocalIndex and
 their tables), ``_schema`` (the envelope Structs), ``_codec`` (frames <-> envelopes),
@@ -23,6 +23,7 @@ place only.
 
 from . import errors as errors
 from . import images as images
+from . import videos as videos
 from . import wire as wire
 from ._address import ProducerAddress as ProducerAddress
 from ._aio import AsyncConsumer as AsyncConsumer
@@ -46,6 +47,7 @@ from ._producer import Producer as Producer
 from ._producer import ProducerStatistics as ProducerStatistics
 from ._schema import Background as Background
 from ._schema import EncodedImage as EncodedImage
+from ._schema import EncodedVideo as EncodedVideo
 from ._schema import FeatureEnvelope as FeatureEnvelope
 from ._schema import Grid as Grid
 from ._schema import PanAndScan as PanAndScan
@@ -68,6 +70,7 @@ __all__ = [
     "CurveKeys",
     "DevicePoolStatistics",
     "EncodedImage",
+    "EncodedVideo",
     "FeatureEnvelope",
     "GlobalIndex",
     "GlobalTable",
@@ -90,5 +93,6 @@ __all__ = [
     "choose_backend",
     "errors",
     "images",
+    "videos",
     "wire",
 ]

@@ -32,10 +32,13 @@ __all__ = [
     "ENCODED_FORMATS",
     "READABLE_VERSIONS",
     "SCHEMA_VERSION",
+    "VIDEO_CODECS",
+    "VIDEO_FORMATS",
     "Background",
     "CpuRef",
     "CudaIpcRef",
     "EncodedImage",
+    "EncodedVideo",
     "FabricRef",
     "FeatureEnvelope",
     "Grid",
@@ -618,6 +621,42 @@ class EncodedImage(msgspec.Struct, frozen=True, kw_only=True):
             )
         if self.channels not in (1, 3, 4):
             raise DimensionError(f"`encoding.channels` must be 1, 3 or 4, got {self.channels}")
+
+
+VideoFormat = Literal["mp4", "mov", "webm", "mkv"]
+VIDEO_FORMATS: frozenset[str] = frozenset(("mp4", "mov", "webm", "mkv"))
+VIDEO_CODECS: frozenset[str] = frozenset(("h264", "hevc", "vp8", "vp9", "av1"))
+"""The video codecs an owner decodes (FFmpeg's names); a container holding another is
+refused on the producer."""
+
+
+class EncodedVideo(msgspec.Struct, frozen=True, kw_only=True):
+    """What a video item's container holds, read from its header on the producer: the
+    container and codec, the frame size, the frame count and the average frame rate (as
+    transformers' PyAV loader reads them). The owner decodes against it and refuses
+    frames that disagree (``GridMismatch``)."""
+
+    format: VideoFormat
+    codec: str
+    width: int
+    height: int
+    frames: int
+    fps: float
+
+    def __post_init__(self) -> None:
+        if self.width <= 0 or self.height <= 0:
+            raise DimensionError(f"video size must be positive, got {self.width}x{self.height}")
+        if self.frames <= 0:
+            raise DimensionError(f"a video must have frames, got {self.frames}")
+        if not math.isfinite(self.fps) or self.fps <= 0:
+            raise DimensionError(f"a video's frame rate must be positive, got {self.fps}")
+        if self.codec not in VIDEO_CODECS:
+            raise DimensionError(f"video codec {self.codec!r} is not one of {sorted(VIDEO_CODECS)}")
+
+    @property
+    def duration(self) -> float:
+        """Seconds, as transformers computes them: frames / fps."""
+        return self.frames / self.fps
 
 
 class FeatureEnvelope(msgspec.Struct, frozen=True, kw_only=True):

@@ -31,7 +31,8 @@ Tree::
     ├── ClosedResourceError                   *your* code closed the object before using it
     ├── BusyResourceError                     concurrent use of a single-user object
     └── MaterializeError (also ValueError)    a request's pixels cannot be turned into features
-        └── ImageDecodeError                  encoded image bytes that do not decode (``__cause__``)
+        ├── ImageDecodeError                  encoded image bytes that do not decode (``__cause__``)
+        └── VideoDecodeError                  a video that does not decode, or not as declared
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ __all__ = [
     "StaleReference",
     "TransportError",
     "UnknownDtype",
+    "VideoDecodeError",
     "WaitTimeout",
 ]
 
@@ -171,3 +173,8 @@ class MaterializeError(MmwireError, ValueError):
 
 class ImageDecodeError(MaterializeError):
     """Encoded image bytes that Pillow cannot decode; ``__cause__`` holds Pillow's error."""
+
+
+class VideoDecodeError(MaterializeError):
+    """Video bytes that FFmpeg cannot read, or whose frames differ from their header (size,
+    count); ``__cause__`` holds FFmpeg's error where there is one."""

@@ -1,0 +1,75 @@
+"""Video clips for the tests, made with PyAV (the library the owner decodes with): moving
+content, any size the codec takes, constant or variable frame rate."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Sequence
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import numpy as np
+
+
+def frame_pixels(i: int, width: int, height: int) -> np.ndarray:
+    """Frame ``i``: a bright bar sweeping right over a gradient that shifts with ``i``, so
+    every frame differs from its neighbours."""
+    y, x = np.mgrid[0:height, 0:width]
+    out = np.empty((height, width, 3), dtype=np.uint8)
+    out[..., 0] = (x * 255 // max(width - 1, 1) + 7 * i) % 256
+    out[..., 1] = (y * 255 // max(height - 1, 1) + 3 * i) % 256
+    out[..., 2] = (x + y + 11 * i) % 256
+    bar = (i * 5) % width
+    out[:, bar : bar + max(2, width // 8)] = 255
+    return out
+
+
+def make_clip(
+    width: int,
+    height: int,
+    frames: int,
+    *,
+    container: str = "mp4",
+    codec: str = "libx264",
+    rate: int = 30,
+    times: Sequence[float] | None = None,
+    options: dict[str, str] | None = None,
+    container_options: dict[str, str] | None = None,
+) -> bytes:
+    """An encoded clip of ``frames`` frames. ``times`` (seconds, ascending) gives each
+    frame its own presentation time: a variable frame rate. x264 runs with B-frames.
+    ``options`` go to the encoder, ``container_options`` to the muxer."""
+    opts = {"bf": "2", "g": "12"} if codec == "libx264" else {}
+    opts.update(options or {})
+    with tempfile.TemporaryDirectory() as tmp:  # a muxer that rewrites its output (faststart)
+        path = Path(tmp) / f"clip.{container}"
+        _encode(path, width, height, frames, container, codec, rate, times, opts, container_options)
+        return path.read_bytes()
+
+
+def _encode(
+    path: Path,
+    width: int,
+    height: int,
+    frames: int,
+    container: str,
+    codec: str,
+    rate: int,
+    times: Sequence[float] | None,
+    opts: dict[str, str],
+    container_options: dict[str, str] | None,
+) -> None:
+    with av.open(str(path), "w", format=container, options=container_options or {}) as out:
+        stream = out.add_stream(codec, rate=rate, options=opts)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        if times is not None:
+            stream.codec_context.time_base = Fraction(1, 1000)
+        for i in range(frames):
+            frame = av.VideoFrame.from_ndarray(frame_pixels(i, width, height), format="rgb24")
+            if times is not None:
+                frame.pts, frame.time_base = round(times[i] * 1000), Fraction(1, 1000)
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
