@@ -256,13 +256,16 @@ def _timestamps(indices: Sequence[int], fps: float, merge: int) -> tuple[float, 
 
 
 def video_pixel_values(
-    frames: np.ndarray[Any, Any] | torch.Tensor,
+    frames: np.ndarray[Any, Any] | torch.Tensor | Sequence[np.ndarray[Any, Any]],
     plan: VideoPlan,
     config: QwenVideoConfig,
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """``pixel_values_videos`` of one video: uint8 RGB ``(T, H, W, 3)`` frames (the plan's
-    sampled frames, in order) to ``(t·h·w, 3·T·p·p)`` rows, equal to transformers'."""
+    """``pixel_values_videos`` of one video: uint8 RGB ``(T, H, W, 3)`` frames, or a list of
+    ``(H, W, 3)`` ones (the plan's sampled frames, in order), to ``(t·h·w, 3·T·p·p)`` rows,
+    equal to transformers'. ``MaterializeError`` for frames of another shape or dtype."""
+    if isinstance(frames, (list, tuple)):  # a list of (H, W, 3) frames is one video
+        frames = np.stack([np.asarray(f) for f in frames]) if frames else np.empty(0, np.uint8)
     x = torch.as_tensor(frames)
     n = len(plan.indices)
     if x.dtype != torch.uint8 or tuple(x.shape) != (n, plan.height, plan.width, 3):

@@ -181,6 +181,11 @@ def test_raw_frames_go_through_the_same_processing() -> None:
     assert plan.indices == tuple(range(6))
     ref = _reference("qwen2.5-vl", {}, video, 24.0)
     assert torch.equal(video_pixel_values(video, plan, config), ref["pixel_values_videos"])
+    as_list = [frame_pixels(i, 90, 70) for i in range(6)]
+    assert torch.equal(video_pixel_values(as_list, plan, config), ref["pixel_values_videos"])
+    for wrong in (as_list[:5], video.astype(np.float32), video[..., :2]):
+        with pytest.raises(MaterializeError):
+            video_pixel_values(wrong, plan, config)
 
 
 def test_spec_reads_published_configs_and_refuses_the_rest() -> None:
