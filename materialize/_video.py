@@ -32,6 +32,7 @@ from ._params import leftover, take
 from ._qwen import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, check_aspect, fit_area, windowed_fields
 
 __all__ = [
+    "MAX_DECODED_BYTES",
     "VIDEO_FAMILIES",
     "QwenVideoConfig",
     "VideoPlan",

@@ -2,7 +2,7 @@
 
 A backend is the path a payload takes to its owner: ``cpu`` (the producer's shared-memory
 arena), ``cuda_ipc`` or ``fabric`` (a device pool), or zmq frames and the transfer engine
-for a rank on another host. What an embedding engine calls is here; three namespaces hold
+for a rank on another host. What an embedding engine calls is here; four namespaces hold
 the rest: ``errors`` (every exception, rooted at ``errors.MmwireError``), ``wire`` (the
 codec, payload references and views, for code that decodes frames itself), ``images``
 (the image input contract) and ``videos`` (the video one).

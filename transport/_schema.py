@@ -634,7 +634,7 @@ class EncodedVideo(msgspec.Struct, frozen=True, kw_only=True):
     """What a video item's container holds, read from its header on the producer: the
     container and codec, the frame size, the frame count and the average frame rate (as
     transformers' PyAV loader reads them). The owner decodes against it and refuses
-    frames that disagree (``GridMismatch``)."""
+    frames that disagree (``VideoDecodeError``)."""
 
     format: VideoFormat
     codec: str
