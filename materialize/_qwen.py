@@ -65,19 +65,29 @@ def check_aspect(height: int, width: int) -> None:
 
 
 def fit_area(
-    height: int, width: int, *, factor: int, min_pixels: int, max_pixels: int, frames: int = 1
+    height: int,
+    width: int,
+    *,
+    factor: int,
+    min_pixels: int,
+    max_pixels: int,
+    frames: int = 1,
+    tested_frames: int | None = None,
 ) -> tuple[int, int]:
     """The step Qwen-VL's and GLM-4V's ``smart_resize`` share: each side rounded to a
-    multiple of ``factor`` (halves to even), then, if ``frames`` frames of that size fall
-    outside ``[min_pixels, max_pixels]``, both sides scaled by the same factor beta and
-    floored (too large) or ceiled (too small) to multiples of ``factor``."""
+    multiple of ``factor`` (halves to even), then, if ``tested_frames`` (default
+    ``frames``) frames of that size fall outside ``[min_pixels, max_pixels]``, both sides
+    scaled by the same factor beta (from ``frames`` frames) and floored (too large) or
+    ceiled (too small) to multiples of ``factor``. Qwen3-VL's video test counts whole
+    temporal patches and its beta the frames themselves."""
     h_bar = round(height / factor) * factor
     w_bar = round(width / factor) * factor
-    if frames * h_bar * w_bar > max_pixels:
+    tested = frames if tested_frames is None else tested_frames
+    if tested * h_bar * w_bar > max_pixels:
         beta = math.sqrt((frames * height * width) / max_pixels)
         h_bar = max(factor, math.floor(height / beta / factor) * factor)
         w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif frames * h_bar * w_bar < min_pixels:
+    elif tested * h_bar * w_bar < min_pixels:
         beta = math.sqrt(min_pixels / (height * width * frames))
         h_bar = math.ceil(height * beta / factor) * factor
         w_bar = math.ceil(width * beta / factor) * factor

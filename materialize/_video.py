@@ -29,7 +29,14 @@ from mmwire.transport import EncodedVideo
 from mmwire.transport.errors import ConfigurationError, MaterializeError
 
 from ._params import leftover, take
-from ._qwen import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, check_aspect, fit_area, windowed_fields
+from ._qwen import (
+    OPENAI_CLIP_MEAN,
+    OPENAI_CLIP_STD,
+    check_aspect,
+    fit_area,
+    smart_resize,
+    windowed_fields,
+)
 
 __all__ = [
     "MAX_DECODED_BYTES",
@@ -144,8 +151,9 @@ class QwenVideoConfig:
             if self.cap_pixels_per_frame:
                 total = int(self.max_video_tokens * f * f * 0.9)
                 limit = max(min(limit, total * t // frames), int(self.min_pixels * 1.05))
-            check_aspect(height, width)
-            return fit_area(height, width, factor=f, min_pixels=self.min_pixels, max_pixels=limit)
+            return smart_resize(
+                height, width, factor=f, min_pixels=self.min_pixels, max_pixels=limit
+            )
         limit = self.max_pixels
         if self.cap_pixels_per_frame:
             per_frame = max(
@@ -233,17 +241,15 @@ def _smart_resize_qwen3(
         scale = max(f / height, f / width)
         height, width = int(height * scale), int(width * scale)
     check_aspect(height, width)
-    h_bar, w_bar = round(height / f) * f, round(width / f) * f
-    t_bar = round(frames / t) * t
-    if t_bar * h_bar * w_bar > max_pixels:
-        beta = math.sqrt((frames * height * width) / max_pixels)
-        h_bar = max(f, math.floor(height / beta / f) * f)
-        w_bar = max(f, math.floor(width / beta / f) * f)
-    elif t_bar * h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (frames * height * width))
-        h_bar = math.ceil(height * beta / f) * f
-        w_bar = math.ceil(width * beta / f) * f
-    return h_bar, w_bar
+    return fit_area(
+        height,
+        width,
+        factor=f,
+        min_pixels=min_pixels,
+        max_pixels=max_pixels,
+        frames=frames,
+        tested_frames=round(frames / t) * t,
+    )
 
 
 def _timestamps(indices: Sequence[int], fps: float, merge: int) -> tuple[float, ...]:
