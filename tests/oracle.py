@@ -9,8 +9,9 @@ which caches the right ``kernels`` for every later import.
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +21,19 @@ import torch
 _ROOT = Path(__file__).resolve().parent.parent
 
 
-def _import_pil_processors() -> tuple[Any, Any, Any, Any]:
+@contextlib.contextmanager
+def _without_checkout() -> Iterator[None]:
+    """``sys.path`` without the checkout, for importing transformers (see above)."""
     saved = list(sys.path)
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _ROOT]
     try:
+        yield
+    finally:
+        sys.path[:] = saved
+
+
+def _import_pil_processors() -> tuple[Any, Any, Any, Any]:
+    with _without_checkout():
         from transformers import Qwen2VLImageProcessorPil
 
         try:  # GLM's, Gemma's and InternVL's Pillow backends are newer; a machine may lack them
@@ -40,8 +50,6 @@ def _import_pil_processors() -> tuple[Any, Any, Any, Any]:
             Gemma3ImageProcessorPil,
             GotOcr2ImageProcessorPil,
         )
-    finally:
-        sys.path[:] = saved
 
 
 (
@@ -289,17 +297,13 @@ def video_oracle() -> Any:
     PyAV loader), as a namespace. Needs torchvision (the processors resize with it)."""
     import types
 
-    saved = list(sys.path)
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _ROOT]
-    try:
+    with _without_checkout():
         from transformers import (
             Qwen2VLVideoProcessor,
             Qwen3VLProcessor,
             Qwen3VLVideoProcessor,
         )
         from transformers.video_utils import VideoMetadata, read_video_pyav
-    finally:
-        sys.path[:] = saved
     return types.SimpleNamespace(
         Qwen2VLVideoProcessor=Qwen2VLVideoProcessor,
         Qwen3VLVideoProcessor=Qwen3VLVideoProcessor,
