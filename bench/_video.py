@@ -116,20 +116,20 @@ def render_table(rows: list[dict[str, Any]]) -> Table:
     """The run's table (also used to re-render a saved ``results.json``)."""
     table = Table(title="video: what ships and what the owner spends, per clip (median)")
     for col in (
-        "clip",
+        "clip\n(sampled/all)",
         "container",
-        "sampled frames (x)",
-        "fp32 rows (x)",
-        "owner: decode sampled",
+        "frames\n(x)",
+        "fp32\n(x)",
+        "owner\ndecode",
         "+ pixels",
-        "frontend: decode all + RGB (x)",
-        "full decode",
+        "frontend\n(x)",
+        "full\ndecode",
     ):
-        table.add_column(col, justify="right")
+        table.add_column(col, justify="right", no_wrap=True)
+    mib = 1 << 20
     for r in rows:
-        mib = 1 << 20
         table.add_row(
-            f"{r['seconds']:.0f} s {r['height']}p ({r['sampled']}/{r['frames']})",
+            f"{r['seconds']:.0f} s {r['height']}p {r['sampled']}/{r['frames']}",
             f"{r['bytes_container'] / mib:.1f} MiB",
             f"{r['bytes_frames'] / mib:.0f} MiB ({r['bytes_frames'] / r['bytes_container']:.0f}x)",
             f"{r['bytes_fp32'] / mib:.0f} MiB ({r['bytes_fp32'] / r['bytes_container']:.0f}x)",
@@ -173,6 +173,8 @@ def run_video(
                 "clips: libx264 veryfast, 30 fps, yuv420p, a panning textured scene",
                 "owner: only the sampled frames decoded (FFmpeg threads, one per core) and "
                 "converted, then pixel_values_videos on the CPU",
+                "frames: the sampled frames as uint8 RGB, what a decoding frontend ships; "
+                "fp32: eager pixel_values_videos",
                 "frontend: every frame decoded and converted to RGB before sampling",
                 "(x) after bytes: times the container's; after the frontend: times the "
                 "owner's decode",
