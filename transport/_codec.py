@@ -27,6 +27,7 @@ from ._schema import (
     Grid,
     InlineRef,
     PreprocessSpec,
+    VideoSpec,
     _Header,
     _VersionProbe,
 )
@@ -53,7 +54,8 @@ class Limits:
     """Ceilings applied to decoded envelopes (they stop decompression bombs and floods).
 
     Attributes:
-        max_pixels: largest ``W·H`` of a raw image, of its resize target and of its canvas.
+        max_pixels: largest ``W·H`` of a raw image, of its resize target and of its canvas,
+            and of a video's frames and their resize target.
         max_bytes: largest payload (``tensor.nbytes``) of one item.
         max_items: most envelopes in one batch.
         max_header_bytes: largest header frame.
@@ -100,6 +102,8 @@ def check_envelopes(envelopes: Sequence[FeatureEnvelope]) -> None:
             _recheck(grid, Grid)
         if env.preprocess is not None:
             _recheck(env.preprocess, PreprocessSpec)
+        if env.video is not None:
+            _recheck(env.video, VideoSpec)
     header = _Header(version=SCHEMA_VERSION, envelopes=tuple(envelopes), frames=0)
     _check_batch(header, [], Limits())
 
@@ -107,10 +111,11 @@ def check_envelopes(envelopes: Sequence[FeatureEnvelope]) -> None:
 _PART_DECODERS: dict[type, msgspec.msgpack.Decoder[Any]] = {
     Grid: msgspec.msgpack.Decoder(Grid),
     PreprocessSpec: msgspec.msgpack.Decoder(PreprocessSpec),
+    VideoSpec: msgspec.msgpack.Decoder(VideoSpec),
 }
 
 
-def _recheck(part: object, kind: type[Grid] | type[PreprocessSpec]) -> None:
+def _recheck(part: object, kind: type[Grid] | type[PreprocessSpec] | type[VideoSpec]) -> None:
     if type(part) is not kind:
         raise MalformedEnvelope(f"a `{kind.__name__}` is needed, got {type(part).__name__}")
     try:
@@ -246,6 +251,17 @@ def _check_batch(header: _Header, frame_sizes: Sequence[int], limits: Limits) ->
                 ("image", plan.width, plan.height),
                 ("resize target", plan.new_width, plan.new_height),
                 ("canvas", plan.padded_width, plan.padded_height),
+            ):
+                if w * h > limits.max_pixels:
+                    raise LimitExceeded(
+                        f"{label} {w}x{h} of {env._where()} is {w * h} pixels, over `max_pixels` "
+                        f"{limits.max_pixels}"
+                    )
+        if env.video is not None:
+            vplan = env.video.plan
+            for label, w, h in (
+                ("video frame", vplan.width, vplan.height),
+                ("video resize target", vplan.new_width, vplan.new_height),
             ):
                 if w * h > limits.max_pixels:
                     raise LimitExceeded(

@@ -39,6 +39,7 @@ from ._schema import (
     CpuRef,
     CudaIpcRef,
     EncodedImage,
+    EncodedVideo,
     FabricRef,
     FeatureEnvelope,
     Grid,
@@ -47,8 +48,10 @@ from ._schema import (
     Modality,
     PreprocessSpec,
     TensorSpec,
+    VideoSpec,
 )
 from ._torch import is_cuda_tensor, is_tensor
+from ._video import probe_video, video_format
 from ._views import dtype_name
 from .errors import InvalidRequest, MalformedEnvelope, MmwireError
 
@@ -88,7 +91,14 @@ class Item:
         kind: ``raw`` (preprocessing deferred), ``processed`` or ``embedding``.
         grid: the item's patch grid; for raw items it may be left to ``preprocess``.
         preprocess: the spec of a raw item, or a callable ``(width, height) -> spec`` (such
-            as a family's spec from ``mmwire.materialize.spec_for``).
+            as a family's spec from ``mmwire.materialize.spec_for``). For a video, its
+            ``VideoSpec`` or a callable from the container's header (or the frames'
+            ``(frames, height, width)``) to it, such as
+            ``mmwire.materialize.video.video_spec_for(...)``.
+        modality: ``image``, or ``video`` for a video container's bytes (MP4, MOV, WebM,
+            Matroska: they travel as they are and the owner decodes the frames its plan
+            samples) or its frames, uint8 ``(T, H, W, 3)`` or a list of ``(H, W, 3)``
+            (only the sampled ones travel).
         decode: decode a raw item's encoded bytes on the producer and ship pixels (for
             owners that should not decode).
         caller_key: the caller's own id for the item (an engine's multimodal hash, up to
@@ -101,7 +111,13 @@ class Item:
     consumers: tuple[int, ...]
     kind: Kind = "raw"
     grid: Grid | None = None
-    preprocess: PreprocessSpec | Callable[[int, int], PreprocessSpec] | None = None
+    preprocess: (
+        PreprocessSpec
+        | Callable[[int, int], PreprocessSpec]
+        | VideoSpec
+        | Callable[[EncodedVideo | tuple[int, int, int]], VideoSpec]
+        | None
+    ) = None
     modality: Modality = "image"
     decode: bool = False
     caller_key: str | None = None
@@ -129,11 +145,16 @@ class PreparedItem:
     cuda: torch.Tensor | None = None
     """A contiguous CUDA tensor that travels through the host: ``write_into`` copies it
     into the arena (one D2H copy, by DMA where the arena is registered)."""
+    video: VideoSpec | None = None
+    """A video's spec: ``array`` is its container's bytes (with the spec's header) or its
+    sampled frames."""
 
     @property
-    def kind(self) -> str:
+    def kind(self) -> Kind:
         """The envelope's kind: ``encoded`` for bytes that ship as they are."""
-        return "encoded" if self.encoding is not None else self.item.kind
+        if self.encoding is not None or (self.video is not None and self.video.header):
+            return "encoded"
+        return "raw" if self.video is not None else self.item.kind
 
     @property
     def alpha(self) -> str:
@@ -263,6 +284,8 @@ def payload_digest(p: PreparedItem, shipped: Any) -> str:
 
 def _prepare(where: str, item: Item, max_pixels: int) -> PreparedItem:
     data = item.data
+    if item.modality == "video" and item.kind in ("raw", "encoded"):
+        return _prepare_video(where, item, max_pixels)
     if is_cuda_tensor(data):
         if item.kind not in ("raw", "encoded"):
             return _on_gpu(where, item, data)
@@ -297,6 +320,74 @@ def _prepare(where: str, item: Item, max_pixels: int) -> PreparedItem:
     return PreparedItem(item, arr, dtype, dims, _spec(item, dims, where))
 
 
+def _prepare_video(where: str, item: Item, max_pixels: int) -> PreparedItem:
+    """A video's container read to its header, or its frames cut to the sampled ones; its
+    spec computed and checked against them."""
+    data = item.data
+    if item.decode:
+        raise InvalidRequest(f"{where}: a video travels as its container or its frames")
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        if video_format(data) is None:
+            raise InvalidRequest(f"{where}: a video's bytes must be MP4, MOV, WebM or Matroska")
+        header = located(where, lambda d: probe_video(d, max_frame_pixels=max_pixels), data)
+        spec = _video_spec(item, header, where)
+        if spec.header != header:
+            raise InvalidRequest(f"{where}: its `preprocess` is another video's spec")
+        raw = np.frombuffer(data if isinstance(data, (bytes, bytearray)) else bytes(data), np.uint8)
+        return PreparedItem(item, raw, "uint8", raw.shape, None, video=spec)
+    if item.kind == "encoded" or is_cuda_tensor(data):
+        raise InvalidRequest(f"{where}: an encoded video takes the container's bytes")
+    frames = located(where, _frames, data)
+    n, height, width = frames.shape[:3]
+    if height * width > max_pixels:
+        raise InvalidRequest(f"{where}: frames of {width}x{height}, over {max_pixels} pixels")
+    spec = _video_spec(item, (n, height, width), where)
+    plan = spec.plan
+    if spec.header is not None or (plan.width, plan.height) != (width, height):
+        raise InvalidRequest(f"{where}: its `preprocess` is another video's spec")
+    if plan.indices[-1] >= n:
+        raise InvalidRequest(f"{where}: its plan samples frame {plan.indices[-1]} of {n}")
+    if plan.indices != tuple(range(n)):
+        frames = frames[list(plan.indices)]
+    return PreparedItem(item, frames, "uint8", frames.shape, None, video=spec)
+
+
+def _frames(data: Any) -> np.ndarray[Any, Any]:
+    """Video frames as uint8 ``(T, H, W, 3)``, C-contiguous."""
+    arr: np.ndarray[Any, Any]
+    if isinstance(data, (list, tuple)):
+        arr = np.stack([np.asarray(f) for f in data]) if data else np.empty(0, np.uint8)
+    elif is_tensor(data):
+        arr = data.detach().numpy()
+    else:
+        arr = np.asarray(data)
+    if arr.dtype != np.uint8 or arr.ndim != 4 or arr.shape[3] != 3 or 0 in arr.shape:
+        raise InvalidRequest(
+            f"video frames must be uint8 (T, H, W, 3), got {arr.dtype} {list(arr.shape)}"
+        )
+    return np.ascontiguousarray(arr)
+
+
+def _video_spec(item: Item, video: EncodedVideo | tuple[int, int, int], where: str) -> VideoSpec:
+    spec = item.preprocess
+    if isinstance(spec, VideoSpec):
+        return spec
+    if not callable(spec):
+        raise InvalidRequest(
+            f"{where}: a video needs its `preprocess`: a VideoSpec, or a callable such as "
+            "mmwire.materialize.video.video_spec_for(...)"
+        )
+    try:
+        got = spec(video)  # type: ignore[call-arg, arg-type]
+    except Exception as e:
+        raise InvalidRequest(f"{where}: its `preprocess` callable raised {e!r}") from e
+    if not isinstance(got, VideoSpec):
+        raise InvalidRequest(
+            f"{where}: its `preprocess` callable returned a {type(got).__name__}, not a VideoSpec"
+        )
+    return got
+
+
 def located(where: str, f: Callable[[Any], _T], data: Any) -> _T:
     """``f(data)``, its ``MmwireError`` prefixed with the item it is about."""
     try:
@@ -309,12 +400,14 @@ def _spec(item: Item, shape: tuple[int, ...], where: str) -> PreprocessSpec | No
     spec = item.preprocess
     if spec is None or isinstance(spec, PreprocessSpec):
         return spec
+    if isinstance(spec, VideoSpec):
+        raise InvalidRequest(f"{where}: a VideoSpec is for `modality='video'` items")
     if not callable(spec):
         raise InvalidRequest(f"{where}: `preprocess` must be a spec or a callable")
     if len(shape) < 2:
         raise InvalidRequest(f"{where}: a `preprocess` callable needs (H, W, ...) data")
     try:
-        got = spec(shape[1], shape[0])
+        got = spec(shape[1], shape[0])  # type: ignore[call-arg, arg-type]
     except Exception as e:
         raise InvalidRequest(f"{where}: its `preprocess` callable raised {e!r}") from e
     if not isinstance(got, PreprocessSpec):
@@ -376,7 +469,11 @@ def envelope(
 ) -> FeatureEnvelope:
     """The envelope of one prepared item (raises an ``EnvelopeError`` for a bad one)."""
     item, spec = prepared.item, prepared.spec
-    grid = item.grid if item.grid is not None else (spec.plan.grid if spec is not None else None)
+    grid = item.grid
+    if grid is None and spec is not None:
+        grid = spec.plan.grid
+    elif grid is None and prepared.video is not None:
+        grid = prepared.video.plan.grid
     where = f"item {index} of request {request_id!r}"
     if grid is None:
         raise MalformedEnvelope(f"{where} needs a `grid`")
@@ -386,7 +483,7 @@ def envelope(
             request_id=request_id,
             index=GlobalIndex(index),
             modality=item.modality,
-            kind="encoded" if prepared.encoding is not None else item.kind,
+            kind=prepared.kind,
             grid=grid,
             tensor=TensorSpec(dtype=prepared.dtype, shape=prepared.shape, nbytes=nbytes),
             payload=payload,
@@ -395,6 +492,7 @@ def envelope(
             digest=prepared.digest,
             encoding=prepared.encoding,
             caller_key=item.caller_key,
+            video=prepared.video,
         )
     except MmwireError:
         raise

@@ -30,6 +30,7 @@ from .errors import (
 __all__ = [
     "DTYPES",
     "ENCODED_FORMATS",
+    "MAX_VIDEO_SAMPLES",
     "READABLE_VERSIONS",
     "SCHEMA_VERSION",
     "VIDEO_CODECS",
@@ -49,16 +50,21 @@ __all__ = [
     "Processor",
     "ResizePlan",
     "TensorSpec",
+    "VideoConfig",
+    "VideoPlan",
+    "VideoSampler",
+    "VideoSpec",
 ]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """Version written by this library."""
 
-READABLE_VERSIONS = (1, 2)
+READABLE_VERSIONS = (1, 2, 3)
 """Versions decoders accept. Version 2 added the preprocessing spec's ``processor`` and its
 Qwen-VL fields; a version-1 envelope decodes with their defaults (Kimi's). The version was
 bumped because a version-1 decoder ignores fields it does not know, and would have run a
-Qwen item through Kimi's pipeline."""
+Qwen item through Kimi's pipeline. Version 3 added video items (``video``), which an older
+decoder would read as images without a spec."""
 
 DTYPES: dict[str, int] = {
     "uint8": 1,
@@ -345,6 +351,26 @@ _MAX_ABS_MEAN = 1e3
 _STD_RANGE = (1e-6, 1e3)
 
 
+def _check_values(
+    where: str, mean: tuple[float, ...], std: tuple[float, ...], rescale: float
+) -> None:
+    """Normalisation constants a pipeline can run: means finite and bounded, stds neither
+    zero nor huge, the rescale factor in (0, 1]."""
+    for m in mean:
+        if not (math.isfinite(m) and abs(m) <= _MAX_ABS_MEAN):
+            raise MalformedEnvelope(
+                f"`{where}.image_mean` must be finite within ±{_MAX_ABS_MEAN:g}, got {list(mean)}"
+            )
+    lo, hi = _STD_RANGE
+    for s in std:
+        if not (math.isfinite(s) and lo <= s <= hi):
+            raise MalformedEnvelope(
+                f"`{where}.image_std` must be in [{lo:g}, {hi:g}], got {list(std)}"
+            )
+    if not (math.isfinite(rescale) and 0 < rescale <= 1):
+        raise MalformedEnvelope(f"`{where}.rescale_factor` must be in (0, 1], got {rescale}")
+
+
 class PanAndScan(msgspec.Struct, frozen=True, array_like=True):
     """Gemma 3's pan-and-scan: an image wider or taller than ``min_ratio`` also gets up to
     ``max_crops`` side-by-side crops of at least ``min_crop`` pixels a side, each resized
@@ -470,19 +496,7 @@ class PreprocessSpec(msgspec.Struct, frozen=True, kw_only=True):
         ):
             if limit <= 0:
                 raise DimensionError(f"`preprocess.{name}` must be positive, got {limit}")
-        for m in self.image_mean:
-            if not (math.isfinite(m) and abs(m) <= _MAX_ABS_MEAN):
-                raise MalformedEnvelope(
-                    f"`preprocess.image_mean` must be finite within ±{_MAX_ABS_MEAN:g}, "
-                    f"got {list(self.image_mean)}"
-                )
-        lo, hi = _STD_RANGE
-        for s in self.image_std:
-            if not (math.isfinite(s) and lo <= s <= hi):
-                raise MalformedEnvelope(
-                    f"`preprocess.image_std` must be in [{lo:g}, {hi:g}], "
-                    f"got {list(self.image_std)}"
-                )
+        _check_values("preprocess", self.image_mean, self.image_std, self.rescale_factor)
         if self.windowed:
             self._check_windowed()
         elif (self.temporal_patch_size, self.min_pixels, self.max_pixels) != (1, None, None):
@@ -521,10 +535,6 @@ class PreprocessSpec(msgspec.Struct, frozen=True, kw_only=True):
         if self.background is not None:
             raise MalformedEnvelope(
                 f"{name} composites over white on the producer: no `background`"
-            )
-        if not (math.isfinite(self.rescale_factor) and 0 < self.rescale_factor <= 1):
-            raise MalformedEnvelope(
-                f"`preprocess.rescale_factor` must be in (0, 1], got {self.rescale_factor}"
             )
 
     def _check_tiled(self) -> None:
@@ -587,10 +597,6 @@ class PreprocessSpec(msgspec.Struct, frozen=True, kw_only=True):
         if lo is None or hi is None or not 0 < lo <= hi:
             raise DimensionError(
                 f"{name} needs 0 < `min_pixels` <= `max_pixels`, got {lo} and {hi}"
-            )
-        if not (math.isfinite(self.rescale_factor) and 0 < self.rescale_factor <= 1):
-            raise MalformedEnvelope(
-                f"`preprocess.rescale_factor` must be in (0, 1], got {self.rescale_factor}"
             )
         if self.background is not None:
             raise MalformedEnvelope(
@@ -659,6 +665,182 @@ class EncodedVideo(msgspec.Struct, frozen=True, kw_only=True):
         return self.frames / self.fps
 
 
+VideoSampler = Literal["qwen2_vl", "qwen3_vl"]
+"""Whose frame sampling a video follows: ``qwen2_vl`` (transformers'
+``Qwen2VLVideoProcessor``, Qwen2-VL and Qwen2.5-VL) or ``qwen3_vl``
+(``Qwen3VLVideoProcessor``)."""
+MAX_VIDEO_SAMPLES = 16_384
+"""The most frames one video's plan may sample (the checkpoints allow 768)."""
+_MAX_VIDEO_FPS = 1000.0
+
+
+class VideoConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """A checkpoint's video preprocessing, as its ``video_preprocessor_config.json`` and
+    call-time settings give it (``mmwire.materialize.video.video_spec_for``). Defaults are
+    transformers' ``Qwen2VLVideoProcessor``'s.
+
+    ``do_sample_frames`` off takes every frame; on, ``fps`` (or ``num_frames``) picks them
+    the ``sampler``'s way, between ``min_frames`` and ``max_frames``. ``min_pixels`` and
+    ``max_pixels`` bound the resized frame (the config's ``size``), ``max_decoded_bytes``
+    the sampled frames as decoded RGB."""
+
+    family: str = "qwen2.5-vl"
+    sampler: VideoSampler = "qwen2_vl"
+    patch_size: int = 14
+    merge_size: int = 2
+    temporal_patch_size: int = 2
+    min_pixels: int = 128 * 28 * 28
+    max_pixels: int = 28 * 28 * 768
+    image_mean: tuple[float, float, float] = (0.48145466, 0.4578275, 0.40821073)
+    image_std: tuple[float, float, float] = (0.26862954, 0.26130258, 0.27577711)
+    rescale_factor: float = 1 / 255
+    do_sample_frames: bool = False
+    fps: float | None = None
+    num_frames: int | None = None
+    min_frames: int = 4
+    max_frames: int = 768
+    cap_pixels_per_frame: bool = False
+    max_video_tokens: int = 128_000
+    max_decoded_bytes: int = 1 << 30
+
+    def __post_init__(self) -> None:
+        if len(self.family) > 64:
+            raise MalformedEnvelope("`video.config.family` is over 64 characters")
+        for name, value, most in (
+            ("patch_size", self.patch_size, _MAX_PATCH),
+            ("merge_size", self.merge_size, _MAX_MERGE),
+            ("temporal_patch_size", self.temporal_patch_size, _MAX_TEMPORAL),
+        ):
+            if not 0 < value <= most:
+                raise DimensionError(f"`video.config.{name}` must be in 1..{most}, got {value}")
+        if not 0 < self.min_pixels <= self.max_pixels:
+            raise DimensionError(
+                "`video.config` needs 0 < `min_pixels` <= `max_pixels`, got "
+                f"{self.min_pixels} and {self.max_pixels}"
+            )
+        if not 0 < self.min_frames <= self.max_frames <= MAX_VIDEO_SAMPLES:
+            raise DimensionError(
+                f"`video.config` needs 0 < `min_frames` <= `max_frames` <= {MAX_VIDEO_SAMPLES}, "
+                f"got {self.min_frames} and {self.max_frames}"
+            )
+        if self.fps is not None and self.num_frames is not None:
+            raise MalformedEnvelope("`video.config.fps` and `num_frames` are mutually exclusive")
+        if self.fps is not None and not (
+            math.isfinite(self.fps) and 0 < self.fps <= _MAX_VIDEO_FPS
+        ):
+            raise DimensionError(
+                f"`video.config.fps` must be in (0, {_MAX_VIDEO_FPS:g}], got {self.fps}"
+            )
+        if self.num_frames is not None and not 0 < self.num_frames <= MAX_VIDEO_SAMPLES:
+            raise DimensionError(
+                f"`video.config.num_frames` must be in 1..{MAX_VIDEO_SAMPLES}, "
+                f"got {self.num_frames}"
+            )
+        if self.max_video_tokens <= 0 or self.max_decoded_bytes <= 0:
+            raise DimensionError("`video.config`'s token and byte ceilings must be positive")
+        _check_values("video.config", self.image_mean, self.image_std, self.rescale_factor)
+
+    @property
+    def factor(self) -> int:
+        """The side every resized frame is a multiple of: ``patch_size · merge_size``."""
+        return self.patch_size * self.merge_size
+
+    @property
+    def row_shape(self) -> tuple[int, ...]:
+        """One patch's row of ``pixel_values_videos``: ``(3·T·p·p,)``."""
+        return (3 * self.temporal_patch_size * self.patch_size * self.patch_size,)
+
+
+class VideoPlan(msgspec.Struct, frozen=True, kw_only=True):
+    """What the processor does with one video, from its header: the frames it samples
+    (frame numbers, ascending), the size each is resized to, the grid ``(t, h, w)``, the
+    LLM tokens and, for Qwen3-VL, each temporal patch's timestamp in seconds (its prompt's
+    ``<t seconds>``)."""
+
+    indices: tuple[int, ...]
+    width: int
+    height: int
+    new_width: int
+    new_height: int
+    grid: Grid
+    tokens: int
+    timestamps: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("width", "height", "new_width", "new_height", "tokens"):
+            if getattr(self, name) <= 0:
+                raise DimensionError(f"`video.plan.{name}` must be positive")
+        n = len(self.indices)
+        if not 0 < n <= MAX_VIDEO_SAMPLES:
+            raise DimensionError(f"`video.plan` samples 1 to {MAX_VIDEO_SAMPLES} frames, got {n}")
+        if self.indices[0] < 0 or any(a > b for a, b in zip(self.indices, self.indices[1:])):
+            raise MalformedEnvelope("`video.plan.indices` must be frame numbers >= 0, ascending")
+        if self.grid.ndim != 3:
+            raise DimensionError(f"`video.plan.grid` is [t, h, w], got {list(self.grid.dims)}")
+
+    @property
+    def decoded_bytes(self) -> int:
+        """Bytes of the sampled frames as decoded RGB."""
+        return len(self.indices) * self.width * self.height * 3
+
+
+class VideoSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything an owner needs to turn a video item into ``pixel_values_videos``: the
+    checkpoint's video preprocessing, the video's plan under it and, for a container, its
+    header (``None`` for frames that travel decoded).
+
+    The plan must be consistent in itself (grid, tokens, timestamps against the config) and
+    with the header; the owner recomputes it from the header and the config and refuses one
+    that differs, so an envelope cannot ask for more frames or pixels than its checkpoint
+    allows."""
+
+    config: VideoConfig
+    plan: VideoPlan
+    header: EncodedVideo | None = None
+
+    def __post_init__(self) -> None:
+        c, plan = self.config, self.plan
+        n = len(plan.indices)
+        f, p, m = c.factor, c.patch_size, c.merge_size
+        if plan.new_width % f or plan.new_height % f:
+            raise GridMismatch(
+                f"a video resizes to multiples of {f}, got {plan.new_width}x{plan.new_height}"
+            )
+        want = (-(-n // c.temporal_patch_size), plan.new_height // p, plan.new_width // p)
+        if plan.grid.thw != want:
+            raise GridMismatch(
+                f"`video.plan.grid` {list(plan.grid.dims)}: {n} frames resized to "
+                f"{plan.new_width}x{plan.new_height} make {list(want)}"
+            )
+        if plan.tokens != want[0] * want[1] * want[2] // (m * m):
+            raise GridMismatch(f"`video.plan.tokens` {plan.tokens} disagrees with its grid")
+        stamps = plan.timestamps
+        if (stamps is not None) != (c.sampler == "qwen3_vl") or (
+            stamps is not None and len(stamps) != want[0]
+        ):
+            raise MalformedEnvelope(
+                "`video.plan.timestamps` has one value a temporal patch for qwen3_vl, and is "
+                "nil otherwise"
+            )
+        if n > c.max_frames:
+            raise DimensionError(f"`video.plan` samples {n} frames, over `max_frames`")
+        if plan.decoded_bytes > c.max_decoded_bytes:
+            raise DimensionError(
+                f"`video.plan`'s sampled frames decode to {plan.decoded_bytes} bytes, over "
+                f"`max_decoded_bytes` {c.max_decoded_bytes}"
+            )
+        h = self.header
+        if h is not None:
+            if (h.width, h.height) != (plan.width, plan.height):
+                raise DimensionError(
+                    f"a {h.width}x{h.height} video with a plan for {plan.width}x{plan.height}"
+                )
+            if plan.indices[-1] >= h.frames:
+                raise DimensionError(
+                    f"`video.plan` samples frame {plan.indices[-1]} of a {h.frames}-frame video"
+                )
+
+
 class FeatureEnvelope(msgspec.Struct, frozen=True, kw_only=True):
     """One item of a batch: what it is, where its payload lives, and who reads it.
 
@@ -686,6 +868,7 @@ class FeatureEnvelope(msgspec.Struct, frozen=True, kw_only=True):
     digest: str | None = None
     encoding: EncodedImage | None = None
     caller_key: str | None = None
+    video: VideoSpec | None = None
 
     def __post_init__(self) -> None:
         if self.version not in READABLE_VERSIONS:
@@ -707,7 +890,14 @@ class FeatureEnvelope(msgspec.Struct, frozen=True, kw_only=True):
                 f"`payload.length` {payload_len} of {self._where()} != "
                 f"`tensor.nbytes` {self.tensor.nbytes}"
             )
-        if self.kind == "raw":
+        video = self.modality == "video" and self.kind in ("raw", "encoded")
+        if video:
+            self._check_video()
+        elif self.video is not None:
+            raise MalformedEnvelope(
+                f"`video` is only allowed on raw and encoded videos ({self._where()})"
+            )
+        elif self.kind == "raw":
             self._check_raw()
         elif self.kind == "encoded":
             self._check_encoded()
@@ -715,9 +905,9 @@ class FeatureEnvelope(msgspec.Struct, frozen=True, kw_only=True):
             raise MalformedEnvelope(
                 f"`preprocess` is only allowed on raw and encoded items ({self._where()})"
             )
-        if (self.encoding is not None) != (self.kind == "encoded"):
+        if (self.encoding is not None) != (self.kind == "encoded" and not video):
             raise MalformedEnvelope(
-                f"`encoding` is required on encoded items only ({self._where()})"
+                f"`encoding` is required on encoded images only ({self._where()})"
             )
         if self.kind == "processed" and self.tensor.shape[0] != self.grid.patches:
             raise GridMismatch(
@@ -730,6 +920,32 @@ class FeatureEnvelope(msgspec.Struct, frozen=True, kw_only=True):
 
     def _where(self) -> str:
         return f"item {self.index.value} of request {self.request_id!r}"
+
+    def _check_video(self) -> None:
+        """A raw or encoded video: its ``video`` spec, no image spec, and a tensor that is
+        the container's bytes (encoded) or the plan's sampled frames as ``(n, H, W, 3)``."""
+        spec = self.video
+        if spec is None or self.preprocess is not None:
+            raise MalformedEnvelope(
+                f"{self.kind} video {self._where()} needs `video` and no `preprocess`"
+            )
+        plan = spec.plan
+        if self.kind == "encoded":
+            want: tuple[int, ...] = (self.tensor.shape[0],)
+            if spec.header is None:
+                raise MalformedEnvelope(f"encoded video {self._where()} needs `video.header`")
+        else:
+            want = (len(plan.indices), plan.height, plan.width, 3)
+        if self.tensor.dtype != "uint8" or self.tensor.shape != want:
+            raise DimensionError(
+                f"{self.kind} video {self._where()} must carry uint8 {list(want)}, got "
+                f"{self.tensor.dtype}{list(self.tensor.shape)}"
+            )
+        if plan.grid.thw != self.grid.thw:
+            raise GridMismatch(
+                f"`grid` {list(self.grid.dims)} of {self._where()} disagrees with its plan's grid "
+                f"{list(plan.grid.dims)}"
+            )
 
     def _check_encoded(self) -> None:
         spec, enc = self.preprocess, self.encoding
