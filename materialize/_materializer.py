@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +34,7 @@ from ._gpu_decode import decode_jpegs_on_gpu, gpu_decodable, require_gpu_decoder
 from ._pipeline import produce
 from ._plan import expected_plan
 from ._regions import regions_of, tiled
+from ._video_owner import VideoItem, check_video, decoded_bytes, video_rows
 
 __all__ = ["MaterializedBatch", "Materializer", "PayloadSource"]
 
@@ -59,16 +61,22 @@ class PayloadSource(Protocol):
 class MaterializedBatch:
     """This rank's model inputs, in local order.
 
-    ``pixel_values`` holds the raw and processed items' patches concatenated in local order
-    (allocated once) and ``grid_thw`` their grids; ``features[LocalIndex(k)]`` is slot k's
-    rows of ``pixel_values`` (a view, on its device), or its embedding tensor (passed
-    through, not copied: a CPU view of the payload).
+    ``pixel_values`` holds the images' (raw and processed items') patches concatenated in
+    local order (allocated once) and ``grid_thw`` their grids; raw and encoded videos go to
+    ``pixel_values_videos`` and ``video_grid_thw``, as transformers' processors return
+    them. ``features[LocalIndex(k)]`` is slot k's rows of either (a view, on its device),
+    or its embedding tensor (passed through, not copied: a CPU view of the payload).
     """
 
     pixel_values: torch.Tensor
     grid_thw: torch.Tensor
     features: LocalSlots[torch.Tensor]
     index_map: IndexMap
+    pixel_values_videos: torch.Tensor | None = None
+    """The videos' rows ``(n, 3·T·p·p)`` in local order (``None`` without videos); a video
+    slot's ``features`` are its rows of it."""
+    video_grid_thw: torch.Tensor | None = None
+    """The videos' grids ``(t, h, w)``, in local order."""
 
 
 @final
@@ -85,13 +93,15 @@ class Materializer:
             CUDA device when CuPy is installed, else ``"cpu"``. Both give the same bytes. A
             batch with a family the kernels do not run yet (Gemma 3, InternVL) is computed
             on the host and uploaded.
-        max_pixels: ceiling on a raw or encoded item's ``W·H`` (default
-            ``MAX_IMAGE_PIXELS``, 40 MP), checked from its header before it is decoded.
+        max_pixels: ceiling on a raw or encoded item's ``W·H``, a video's frames'
+            included (default ``MAX_IMAGE_PIXELS``, 40 MP), checked from its header before
+            it is decoded.
         max_output_bytes: ceiling on one batch's ``pixel_values``, checked before anything
             is allocated (default 4 GiB).
         decode_threads: threads that decode a batch's encoded items in parallel.
-        max_decoded_bytes: ceiling on the pixels one batch's encoded items decode to (each
-            header is read and checked against its envelope first; default 1 GiB).
+        max_decoded_bytes: ceiling on the pixels one batch's encoded items and videos'
+            sampled frames decode to (each header is read and checked against its envelope
+            first; default 1 GiB).
         preprocess: the families' specs this rank serves (``spec_for(...)``): on ``"cuda"``
             their kernels compile here, up front, rather than at their first batch
             (Kimi-K2.5's always do).
@@ -173,7 +183,7 @@ class Materializer:
                 f"items of one batch follow different processors {sorted(processors)}: one "
                 "family a batch"
             )
-        shapes = {_row_shape(e) for _, _, e in envs if e.kind != "embedding"}
+        shapes = {_row_shape(e) for _, _, e in envs if e.kind != "embedding" and e.video is None}
         if len(shapes) > 1:
             raise MaterializeError(
                 f"items of one batch have rows of different shapes {sorted(shapes)} "
@@ -182,15 +192,20 @@ class Materializer:
         row_shape = shapes.pop() if shapes else (3, 14, 14)
         walk = self._walk(batch, envs, row_shape)
         out_bytes = walk.rows * math.prod(row_shape) * self.dtype.itemsize
+        out_bytes += sum(
+            v.rows * math.prod(v.config.row_shape) * self.dtype.itemsize for v in walk.videos
+        )
         if out_bytes > self.max_output_bytes:
             raise MaterializeError(
                 f"rank {self.rank}'s items of this batch need {walk.rows} patches "
                 f"({out_bytes} bytes of {self.dtype}), over `max_output_bytes` "
                 f"{self.max_output_bytes}"
             )
+        self._check_decoded_bytes(walk.raw, decoded_bytes(walk.videos))
         on_kernels = all(item.spec.processor in KERNEL_PROCESSORS for item in walk.raw)
         if self.compute == "cuda" and on_kernels:
-            return self._kept(walk, self._on_cuda(batch, index_map, walk, row_shape))
+            out = self._on_cuda(batch, index_map, walk, row_shape)
+            return self._kept(walk, self._with_videos(batch, walk, out))
         pixel_values = torch.empty((walk.rows, *row_shape), dtype=self.dtype)
         decoded = self._decode_all(batch, walk.raw, pinned=False)
         for item, pixels in zip(walk.raw, decoded):
@@ -203,7 +218,25 @@ class Materializer:
         if self.device.type != "cpu":
             pixel_values = pixel_values.to(self.device)
             grid_thw = grid_thw.to(self.device)
-        return self._kept(walk, walk.finish(pixel_values, grid_thw, index_map))
+        out = walk.finish(pixel_values, grid_thw, index_map)
+        return self._kept(walk, self._with_videos(batch, walk, out))
+
+    def _with_videos(
+        self, batch: PayloadSource, walk: _Walk, out: MaterializedBatch
+    ) -> MaterializedBatch:
+        """``out`` with the batch's videos' rows, computed on the host (the reference's own
+        torch operations) and then moved to ``device``."""
+        if not walk.videos:
+            return out
+        payloads = [batch.open(v.index) for v in walk.videos]
+        rows, grids = video_rows(payloads, walk.videos, self.dtype)
+        if self.device.type != "cpu":
+            rows, grids = rows.to(self.device), grids.to(self.device)
+        at = 0
+        for v in walk.videos:
+            out.features[v.local] = rows[at : at + v.rows]
+            at += v.rows
+        return dataclasses.replace(out, pixel_values_videos=rows, video_grid_thw=grids)
 
     def _kept(self, walk: _Walk, out: MaterializedBatch) -> MaterializedBatch:
         """``out``, after the cache kept a copy of each missed item's rows."""
@@ -229,6 +262,9 @@ class Materializer:
             where = f"item {g.value} (local slot {local.value}) of request {env.request_id!r}"
             if env.kind == "embedding":
                 walk.features[local] = batch.open_tensor(g)
+                continue
+            if env.video is not None:
+                walk.videos.append(check_video(env, local, g, where, self.max_pixels))
                 continue
             n = _rows(env)
             if env.kind in ("raw", "encoded"):
@@ -438,13 +474,15 @@ class Materializer:
             decode(jobs[0])
         return outs
 
-    def _check_decoded_bytes(self, items: list[_RawItem]) -> None:
-        """``MaterializeError`` if the batch's encoded items decode to more than
-        ``max_decoded_bytes`` (from their checked headers, before any decode)."""
-        total = sum(math.prod(item.shape) for item in items if item.shape is not None)
+    def _check_decoded_bytes(self, items: list[_RawItem], videos: int = 0) -> None:
+        """``MaterializeError`` if the batch's encoded items (and ``videos`` bytes of sampled
+        video frames) decode to more than ``max_decoded_bytes`` (from their checked headers,
+        before any decode)."""
+        total = videos + sum(math.prod(item.shape) for item in items if item.shape is not None)
         if total > self.max_decoded_bytes:
             raise MaterializeError(
-                f"rank {self.rank}'s encoded items of this batch decode to {total} bytes, over "
+                f"rank {self.rank}'s encoded items and videos of this batch decode to {total} "
+                "bytes, over "
                 f"`max_decoded_bytes` {self.max_decoded_bytes}"
             )
 
@@ -487,6 +525,8 @@ class _Walk:
     raw: list[_RawItem] = field(default_factory=list)
     """The raw and encoded items."""
     processed: list[tuple[torch.Tensor, int, int]] = field(default_factory=list)
+    videos: list[VideoItem] = field(default_factory=list)
+    """The raw and encoded videos, checked."""
     grids: list[tuple[int, int, int]] = field(default_factory=list)
     spans: list[tuple[LocalIndex, int, int]] = field(default_factory=list)
     rows: int = 0

@@ -20,113 +20,68 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any
 
+import msgspec
 import numpy as np
 import torch
-from mmwire.transport import EncodedVideo
-from mmwire.transport.errors import ConfigurationError, MaterializeError
+from mmwire.transport import EncodedVideo, Grid
+from mmwire.transport.errors import ConfigurationError, MaterializeError, MmwireError
+from mmwire.transport.videos import VideoConfig, VideoPlan, VideoSpec
 
 from ._params import leftover, take
-from ._qwen import (
-    OPENAI_CLIP_MEAN,
-    OPENAI_CLIP_STD,
-    check_aspect,
-    fit_area,
-    smart_resize,
-    windowed_fields,
-)
+from ._qwen import check_aspect, fit_area, smart_resize, windowed_fields
 
 __all__ = [
     "MAX_DECODED_BYTES",
+    "RAW_VIDEO_FPS",
     "VIDEO_FAMILIES",
     "QwenVideoConfig",
-    "VideoPlan",
     "video_pixel_values",
     "video_spec_for",
 ]
 
-Sampler = Literal["qwen2_vl", "qwen3_vl"]
-
 MAX_DECODED_BYTES = 1 << 30
 """The default ceiling on one video's sampled RGB frames (what the owner holds decoded)."""
 
-
-@dataclass(frozen=True)
-class VideoPlan:
-    """What the processor does with one video, from its header: the frames it samples
-    (ascending frame numbers), the size each is resized to, the grid, the LLM tokens and,
-    for Qwen3-VL, each temporal patch's timestamp in seconds."""
-
-    indices: tuple[int, ...]
-    width: int
-    height: int
-    new_width: int
-    new_height: int
-    grid: tuple[int, int, int]
-    tokens: int
-    timestamps: tuple[float, ...] | None = None
-
-    @property
-    def decoded_bytes(self) -> int:
-        """Bytes of the sampled frames as decoded RGB."""
-        return len(self.indices) * self.width * self.height * 3
+RAW_VIDEO_FPS = 24.0
+"""The frame rate of frames given without one: Qwen3-VL's processor assumes it for the
+timestamps of pre-sampled frames."""
 
 
-@dataclass(frozen=True)
-class QwenVideoConfig:
-    """A Qwen-VL checkpoint's video preprocessing (its ``video_preprocessor_config.json``).
+class QwenVideoConfig(VideoConfig, frozen=True, kw_only=True):
+    """A Qwen-VL checkpoint's video preprocessing (its ``video_preprocessor_config.json``),
+    the wire's :class:`~mmwire.transport.VideoConfig` with the processor's planning.
     Defaults: transformers' ``Qwen2VLVideoProcessor`` (Qwen2-VL, Qwen2.5-VL); Qwen3-VL's
     are in :data:`VIDEO_FAMILIES`.
 
     ``do_sample_frames`` off means every frame of the container, as the processor takes
     them; on, ``fps`` (or ``num_frames``) picks them the family's way. ``max_frames`` and
-    ``max_decoded_bytes`` bound what one video may make an owner decode and hold."""
+    ``max_decoded_bytes`` bound what one video may make an owner decode and hold.
 
-    family: str = "qwen2.5-vl"
-    sampler: Sampler = "qwen2_vl"
-    patch_size: int = 14
-    merge_size: int = 2
-    temporal_patch_size: int = 2
-    min_pixels: int = 128 * 28 * 28
-    """The config's ``size.shortest_edge`` (a pixel count)."""
-    max_pixels: int = 28 * 28 * 768
-    """The config's ``size.longest_edge`` (a pixel count)."""
-    image_mean: tuple[float, float, float] = OPENAI_CLIP_MEAN
-    image_std: tuple[float, float, float] = OPENAI_CLIP_STD
-    rescale_factor: float = 1 / 255
-    do_sample_frames: bool = False
-    fps: float | None = None
-    num_frames: int | None = None
-    min_frames: int = 4
-    max_frames: int = 768
-    cap_pixels_per_frame: bool = False
-    max_video_tokens: int = 128_000
-    max_decoded_bytes: int = MAX_DECODED_BYTES
+    Called with a container's header (or a ``(frames, height, width)`` shape for frames
+    given decoded) it gives the video's :class:`~mmwire.transport.VideoSpec`: pass it as
+    a video ``Item``'s ``preprocess``."""
 
     def __post_init__(self) -> None:
-        if not 0 < self.min_pixels <= self.max_pixels:
-            raise ConfigurationError(
-                f"need 0 < min_pixels <= max_pixels, got {self.min_pixels}, {self.max_pixels}"
-            )
-        if min(self.patch_size, self.merge_size, self.temporal_patch_size) <= 0:
-            raise ConfigurationError(f"sizes must be positive: {self}")
-        if not 0 < self.min_frames <= self.max_frames:
-            raise ConfigurationError(
-                f"need 0 < min_frames <= max_frames, got {self.min_frames}, {self.max_frames}"
-            )
-        if self.fps is not None and self.num_frames is not None:
-            raise ConfigurationError("`fps` and `num_frames` are mutually exclusive")
+        try:
+            super().__post_init__()
+        except MmwireError as e:
+            raise ConfigurationError(str(e)) from e
 
-    @property
-    def factor(self) -> int:
-        return self.patch_size * self.merge_size
+    @classmethod
+    def of(cls, config: VideoConfig) -> QwenVideoConfig:
+        """The planning config of a wire config (as an envelope carries it)."""
+        if isinstance(config, cls):
+            return config
+        return cls(**msgspec.structs.asdict(config))
 
-    @property
-    def row_shape(self) -> tuple[int, ...]:
-        """One patch's row of ``pixel_values_videos``: ``(3·T·p·p,)``."""
-        return (3 * self.temporal_patch_size * self.patch_size * self.patch_size,)
+    def __call__(self, video: EncodedVideo | tuple[int, int, int]) -> VideoSpec:
+        """The spec of a container (its header) or of ``(frames, height, width)`` frames."""
+        if isinstance(video, EncodedVideo):
+            return VideoSpec(config=self, plan=self.plan(video), header=video)
+        frames, height, width = video
+        return VideoSpec(config=self, plan=self.plan_frames(frames, RAW_VIDEO_FPS, height, width))
 
     def sample(self, frames: int, fps: float) -> tuple[int, ...]:
         """The frame numbers the processor takes of a ``frames``-frame video at ``fps``."""
@@ -192,7 +147,7 @@ class QwenVideoConfig:
             height=height,
             new_width=new_w,
             new_height=new_h,
-            grid=(t, gh, gw),
+            grid=Grid((t, gh, gw)),
             tokens=t * gh * gw // (self.merge_size * self.merge_size),
             timestamps=stamps,
         )
@@ -292,7 +247,7 @@ def video_pixel_values(
     t, p, m = config.temporal_patch_size, config.patch_size, config.merge_size
     if pad := -n % t:
         x = torch.cat((x, x[-1:].expand(pad, -1, -1, -1)), dim=0)
-    gt, gh, gw = plan.grid
+    gt, gh, gw = plan.grid.thw
     rows = x.view(gt, t, 3, gh // m, m, p, gw // m, m, p).permute(0, 3, 6, 4, 7, 2, 1, 5, 8)
     out = rows.reshape(gt * gh * gw, 3 * t * p * p)
     return out if dtype == torch.float32 else out.to(dtype)
@@ -370,7 +325,7 @@ def video_spec_for(family: str, params: Mapping[str, Any] | None = None) -> Qwen
             },
         )
         leftover(given)
-        return replace(base, **out)
+        return msgspec.structs.replace(base, **out)
     except ConfigurationError:
         raise
     except (TypeError, ValueError) as e:

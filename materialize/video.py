@@ -6,7 +6,6 @@ The containers themselves are read and decoded by ``mmwire.transport.videos``.""
 from ._video import MAX_DECODED_BYTES as MAX_DECODED_BYTES
 from ._video import VIDEO_FAMILIES as VIDEO_FAMILIES
 from ._video import QwenVideoConfig as QwenVideoConfig
-from ._video import VideoPlan as VideoPlan
 from ._video import video_pixel_values as video_pixel_values
 from ._video import video_spec_for as video_spec_for
 
@@ -14,7 +13,6 @@ __all__ = [
     "MAX_DECODED_BYTES",
     "VIDEO_FAMILIES",
     "QwenVideoConfig",
-    "VideoPlan",
     "video_pixel_values",
     "video_spec_for",
 ]

@@ -102,6 +102,37 @@ def producer_then_die(q: Any) -> None:
 __all__ = ["GlobalIndex"]
 
 
+def materialize_videos(rank: int, ranks: int, endpoint: str, handover: str, q: Any) -> None:
+    """A scheduler rank of a batch with videos: owners by patches, as every rank computes
+    them; reports its order, both outputs' bytes and grids."""
+    from mmwire.materialize import Materializer, assign_owners
+
+    c = Consumer(rank, endpoint, handover=handover)
+    try:
+        with c.recv(timeout=60) as b:
+            envs = [b.envelopes[g] for g in b.envelopes.indices()]
+            my_map = assign_owners([e.grid.patches for e in envs], ranks)[rank]
+            out = Materializer(rank).materialize(b, my_map)
+            videos = out.pixel_values_videos
+            q.put(
+                (
+                    "result",
+                    rank,
+                    [g.value for g in my_map.globals],
+                    None if videos is None else videos.numpy().tobytes(),
+                    None if out.video_grid_thw is None else out.video_grid_thw.tolist(),
+                    out.pixel_values.numpy().tobytes(),
+                    out.grid_thw.tolist(),
+                    [tuple(out.features[local].shape) for local, _ in my_map.items()],
+                )
+            )
+    except Exception as e:
+        q.put(("error", rank, repr(e)))
+        raise
+    finally:
+        c.close()
+
+
 def materialize_rank(
     rank: int,
     ranks: int,

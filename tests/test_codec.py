@@ -118,8 +118,8 @@ class TestRejects:
         return {"version": SCHEMA_VERSION, "envelopes": [env], "frames": 1}
 
     def test_wrong_version(self) -> None:
-        with pytest.raises(SchemaVersionError, match="version` 3"):
-            self.decode_header({"version": 3, "envelopes": [], "frames": 0})
+        with pytest.raises(SchemaVersionError, match="version` 4"):
+            self.decode_header({"version": 4, "envelopes": [], "frames": 0})
         h = self.header(version=7)
         with pytest.raises(SchemaVersionError, match="`version` 7"):
             self.decode_header(h, (bytes(105),))

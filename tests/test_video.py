@@ -91,14 +91,14 @@ def test_pixel_values_equal_transformers(family: str, settings: int) -> None:
             assert list(plan.indices) == [int(i) for i in meta.frames_indices], (t, h, w)
         else:
             assert plan.indices == tuple(range(t))
-        assert plan.grid == tuple(ref["video_grid_thw"][0].tolist()), (t, h, w)
+        assert plan.grid.thw == tuple(ref["video_grid_thw"][0].tolist()), (t, h, w)
         frames = video[list(plan.indices)]
         got = video_pixel_values(frames, plan, config)
         want = ref["pixel_values_videos"]
         assert got.shape == want.shape and torch.equal(got, want), (family, params, t, h, w)
         got16 = video_pixel_values(frames, plan, config, torch.bfloat16)
         assert torch.equal(got16, want.to(torch.bfloat16))
-        gt, gh, gw = plan.grid
+        gt, gh, gw = plan.grid.thw
         assert plan.tokens == gt * gh * gw // 4
         if family == "qwen3-vl":
             stamps = hf.Qwen3VLProcessor._calculate_timestamps(None, list(plan.indices), fps, 2)
