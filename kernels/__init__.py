@@ -9,6 +9,8 @@ the resize passes of images resized on both axes run exactly on the int8 tensor 
 ``resize`` and ``preprocess`` are the entry points; the CUDA ``Materializer`` backend uses
 ``preprocess_packed`` on the images it uploads, and ``preprocess_regions`` for the families
 whose rows are whole tiles (InternVL, Gemma 3: BICUBIC or BILINEAR, crops read in place).
+``video.cu`` holds Qwen-VL video's: torch's antialiased bicubic on uint8 frames, then rows of
+temporal patches (``video_rows``).
 What the kernels share with the host is set once, in Python, and passed to the compiler
 (``compile_options``). CuPy is needed only to launch (``mmwire[cuda12]`` / ``mmwire[cuda13]``).
 """
@@ -37,6 +39,8 @@ from ._regions import Region as Region
 from ._regions import preprocess_regions as preprocess_regions
 from ._regions import region_layout as region_layout
 from ._regions import region_patch as region_patch
+from ._video import resize_reference as video_resize_reference
+from ._video import video_rows as video_rows
 
 __all__ = [
     "FIELDS",
@@ -63,4 +67,6 @@ __all__ = [
     "resize",
     "resize_packed",
     "to_device",
+    "video_resize_reference",
+    "video_rows",
 ]
