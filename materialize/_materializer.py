@@ -224,14 +224,16 @@ class Materializer:
     def _with_videos(
         self, batch: PayloadSource, walk: _Walk, out: MaterializedBatch
     ) -> MaterializedBatch:
-        """``out`` with the batch's videos' rows, computed on the host (the reference's own
-        torch operations) and then moved to ``device``."""
+        """``out`` with the batch's videos' rows: by the CUDA kernels on ``"cuda"``, else
+        the reference's own torch operations on the host, moved to ``device``."""
         if not walk.videos:
             return out
-        payloads = [batch.open(v.index) for v in walk.videos]
-        rows, grids = video_rows(payloads, walk.videos, self.dtype)
-        if self.device.type != "cpu":
-            rows, grids = rows.to(self.device), grids.to(self.device)
+        payloads = [
+            batch.open(v.index) if v.spec.header is not None else batch.open_tensor(v.index)
+            for v in walk.videos
+        ]
+        kernels = self.compute == "cuda"
+        rows, grids = video_rows(payloads, walk.videos, self.dtype, self.device, kernels)
         at = 0
         for v in walk.videos:
             out.features[v.local] = rows[at : at + v.rows]

@@ -217,6 +217,20 @@ def _timestamps(indices: Sequence[int], fps: float, merge: int) -> tuple[float, 
     return tuple((times[i] + times[i + merge - 1]) / 2 for i in range(0, len(times), merge))
 
 
+def _scaled_normalisation(config: VideoConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and std in 0-255 units, float32, made as torchvision's fused rescale-and-
+    normalise makes them (so the division by ``std`` is the only rounding after them)."""
+    mean = torch.tensor(config.image_mean) * (1.0 / config.rescale_factor)
+    std = torch.tensor(config.image_std) * (1.0 / config.rescale_factor)
+    return mean, std
+
+
+def normalisation(config: VideoConfig) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The float32 mean and std (0-255 units) every video pixel is normalised with."""
+    mean, std = _scaled_normalisation(config)
+    return tuple(mean.tolist()), tuple(std.tolist())
+
+
 def video_pixel_values(
     frames: np.ndarray[Any, Any] | torch.Tensor | Sequence[np.ndarray[Any, Any]],
     plan: VideoPlan,
@@ -241,8 +255,7 @@ def video_pixel_values(
         x = torch.nn.functional.interpolate(
             x, size=size, mode="bicubic", align_corners=False, antialias=True
         )
-    mean = torch.tensor(config.image_mean) * (1.0 / config.rescale_factor)
-    std = torch.tensor(config.image_std) * (1.0 / config.rescale_factor)
+    mean, std = _scaled_normalisation(config)
     x = x.to(torch.float32).sub(mean.view(-1, 1, 1)).div_(std.view(-1, 1, 1))
     t, p, m = config.temporal_patch_size, config.patch_size, config.merge_size
     if pad := -n % t:

@@ -20,7 +20,7 @@ from mmwire.transport import FeatureEnvelope, GlobalIndex, LocalIndex
 from mmwire.transport.errors import GridMismatch, MaterializeError
 from mmwire.transport.videos import VideoSpec, decode_frames, probe_video
 
-from ._video import QwenVideoConfig, video_pixel_values
+from ._video import QwenVideoConfig, normalisation, video_pixel_values
 
 __all__ = ["VideoItem", "check_video", "decoded_bytes", "video_rows"]
 
@@ -79,11 +79,16 @@ def decoded_bytes(items: list[VideoItem]) -> int:
 
 
 def video_rows(
-    payloads: list[np.ndarray[Any, Any]], items: list[VideoItem], dtype: torch.dtype
+    payloads: list[np.ndarray[Any, Any] | torch.Tensor],
+    items: list[VideoItem],
+    dtype: torch.dtype,
+    device: torch.device,
+    kernels: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``pixel_values_videos`` (the items' rows in order, allocated once) and
-    ``video_grid_thw`` of the checked ``items``, from their payloads (container bytes or
-    sampled frames)."""
+    """``pixel_values_videos`` (the items' rows in order, allocated once on ``device``) and
+    ``video_grid_thw`` of the checked ``items``, from their payloads (a container's bytes
+    as an array, sampled frames as a tensor view): by the CUDA ``kernels`` (each video's
+    frames uploaded once), or by the reference's own torch operations on the host."""
     shapes = {item.config.row_shape for item in items}
     if len(shapes) > 1:
         raise MaterializeError(
@@ -91,22 +96,50 @@ def video_rows(
             "a batch"
         )
     (row,) = shapes
-    out = torch.empty((sum(item.rows for item in items), *row), dtype=dtype)
+    rows = sum(item.rows for item in items)
+    out = torch.empty((rows, *row), dtype=dtype, device=device if kernels else "cpu")
     at = 0
     for item, payload in zip(items, payloads):
         frames = _frames(payload, item)
-        out[at : at + item.rows] = video_pixel_values(frames, item.spec.plan, item.config, dtype)
+        target = out[at : at + item.rows]
+        if kernels:
+            _on_gpu(frames, item, target)
+        else:
+            target.copy_(video_pixel_values(frames, item.spec.plan, item.config, dtype))
         at += item.rows
     grids = torch.tensor([item.spec.plan.grid.thw for item in items], dtype=torch.int64)
-    return out, grids.reshape(-1, 3)
+    return out.to(device), grids.reshape(-1, 3).to(device)
 
 
-def _frames(payload: np.ndarray[Any, Any], item: VideoItem) -> np.ndarray[Any, Any]:
-    """The sampled frames of a video: decoded from its container, whose own header must be
-    the envelope's, or as they travelled."""
+def _on_gpu(frames: torch.Tensor, item: VideoItem, out: torch.Tensor) -> None:
+    """One video's rows by the CUDA kernels, into ``out`` on its device."""
+    from mmwire.kernels import video_rows as kernel_rows
+
+    plan, config = item.spec.plan, item.config
+    mean, std = normalisation(config)
+    on_device = frames.contiguous().to(out.device)
+    direct = out.dtype in (torch.float32, torch.bfloat16)
+    target = out if direct else torch.empty(out.shape, dtype=torch.float32, device=out.device)
+    kernel_rows(
+        on_device,
+        (plan.new_height, plan.new_width),
+        patch=config.patch_size,
+        merge=config.merge_size,
+        temporal=config.temporal_patch_size,
+        mean=(mean[0], mean[1], mean[2]),
+        std=(std[0], std[1], std[2]),
+        out=target,
+    )
+    if not direct:  # fp16: float32 rounded once, as the host path does
+        out.copy_(target)
+
+
+def _frames(payload: np.ndarray[Any, Any] | torch.Tensor, item: VideoItem) -> torch.Tensor:
+    """The sampled frames of a video, ``(n, H, W, 3)`` uint8: decoded from its container,
+    whose own header must be the envelope's, or as they travelled."""
     header = item.spec.header
     if header is None:
-        return payload
+        return torch.as_tensor(payload)
     data = np.ascontiguousarray(payload).reshape(-1).view(np.uint8).data
     try:
         actual = probe_video(data, max_frame_pixels=header.width * header.height)
@@ -117,7 +150,7 @@ def _frames(payload: np.ndarray[Any, Any], item: VideoItem) -> np.ndarray[Any, A
                 f"envelope declared {header.width}x{header.height} {header.codec}, "
                 f"{header.frames} frames at {header.fps:g} fps"
             )
-        return decode_frames(data, header, item.spec.plan.indices)
+        return torch.from_numpy(decode_frames(data, header, item.spec.plan.indices))
     except MaterializeError as e:
         if item.where in str(e):
             raise

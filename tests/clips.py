@@ -7,9 +7,30 @@ import tempfile
 from collections.abc import Sequence
 from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 import av
 import numpy as np
+
+# (frames, height, width, fps): distinct sizes, odd sides, frame counts that are not a
+# multiple of the temporal patch, one shorter than min_frames, one frame, long and thin
+RAW_CASES = [
+    (5, 181, 247, 30.0),
+    (9, 97, 163, 25.0),
+    (16, 180, 320, 30.0),
+    (3, 60, 61, 24.0),
+    (31, 240, 320, 29.97),
+    (1, 50, 70, 30.0),
+    (120, 64, 96, 30.0),
+    (7, 30, 900, 12.0),
+]
+
+SETTINGS: list[dict[str, Any]] = [
+    {},
+    {"do_sample_frames": True, "fps": 2},
+    {"do_sample_frames": True, "fps": 2, "cap_pixels_per_frame": True},
+    {"do_sample_frames": True, "num_frames": 4},
+]
 
 
 def frame_pixels(i: int, width: int, height: int) -> np.ndarray:

@@ -13,7 +13,8 @@ import msgspec
 import numpy as np
 import pytest
 import torch
-from clips import frame_pixels, make_clip
+from clips import RAW_CASES, SETTINGS, frame_pixels, make_clip
+from mmwire.kernels import video_resize_reference
 from mmwire.materialize.video import QwenVideoConfig, video_pixel_values, video_spec_for
 from mmwire.transport.errors import ConfigurationError, MaterializeError, VideoDecodeError
 from mmwire.transport.videos import decode_frames, probe_video, video_format
@@ -21,27 +22,7 @@ from mmwire.transport.videos import decode_frames, probe_video, video_format
 oracle = pytest.importorskip("oracle")
 hf = oracle.video_oracle()
 
-# (frames, height, width, fps): distinct sizes, odd sides, frame counts that are not a
-# multiple of the temporal patch, one shorter than min_frames, one frame, long and thin
-RAW_CASES = [
-    (5, 181, 247, 30.0),
-    (9, 97, 163, 25.0),
-    (16, 180, 320, 30.0),
-    (3, 60, 61, 24.0),
-    (31, 240, 320, 29.97),
-    (1, 50, 70, 30.0),
-    (120, 64, 96, 30.0),
-    (7, 30, 900, 12.0),
-]
-
 FAMILIES = {"qwen2.5-vl": hf.Qwen2VLVideoProcessor, "qwen3-vl": hf.Qwen3VLVideoProcessor}
-
-SETTINGS: list[dict[str, Any]] = [
-    {},
-    {"do_sample_frames": True, "fps": 2},
-    {"do_sample_frames": True, "fps": 2, "cap_pixels_per_frame": True},
-    {"do_sample_frames": True, "num_frames": 4},
-]
 
 
 def _reference(family: str, params: dict[str, Any], video: np.ndarray, fps: float) -> Any:
@@ -296,3 +277,37 @@ def test_sizes_counts_and_codecs_outside_the_bounds_are_refused() -> None:
         decode_frames(data, header, [40])
     with pytest.raises(VideoDecodeError):  # a header that is not this stream's
         decode_frames(data, msgspec.structs.replace(header, codec="vp9"), [0])
+
+
+def test_the_kernels_resize_arithmetic_equals_torch() -> None:
+    """The CUDA kernels' tables and integer passes (here in numpy) equal torch's own uint8
+    antialiased bicubic, for every plan of the cases above under both families (shrinking
+    and enlarging, odd sizes, one axis unchanged) and for sizes far apart."""
+    rng = np.random.default_rng(7)
+    sizes = set()
+    for family in FAMILIES:
+        for params in SETTINGS:
+            try:
+                config = video_spec_for(family, params)
+            except ConfigurationError:  # Qwen3-VL's fps beside num_frames
+                continue
+            for t, h, w, fps in RAW_CASES:
+                try:
+                    plan = config.plan_frames(t, fps, h, w)
+                except MaterializeError:
+                    continue
+                sizes.add((h, w, plan.new_height, plan.new_width))
+    sizes |= {(1080, 1920, 448, 784), (720, 1280, 336, 588), (61, 60, 64, 64), (7, 5, 64, 32)}
+    sizes |= {(64, 90, 64, 96), (56, 84, 112, 84)}  # one axis as it is
+    assert any(h2 == h for h, _, h2, _ in sizes) and any(h2 > h for h, _, h2, _ in sizes)
+    for h, w, h2, w2 in sorted(sizes):
+        frames = rng.integers(0, 256, (2, h, w, 3), dtype=np.uint8)
+        want = torch.nn.functional.interpolate(
+            torch.from_numpy(frames).permute(0, 3, 1, 2).contiguous(),
+            size=[h2, w2],
+            mode="bicubic",
+            align_corners=False,
+            antialias=True,
+        )
+        got = video_resize_reference(frames, h2, w2)
+        assert np.array_equal(got, want.permute(0, 2, 3, 1).numpy()), (h, w, h2, w2)
