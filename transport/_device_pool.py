@@ -373,6 +373,7 @@ class PoolMapping:
         self.device = torch.device("cuda", self.index)
         self._ipc = False
         self._vmm: tuple[Any, int] | None = None
+        self._data: torch.Tensor | None = None
         local = _LOCAL.get(offer.pool_id)
         if local is not None:
             self.base = local.base
@@ -442,13 +443,27 @@ class PoolMapping:
     def tensor(
         self, offset: int, length: int, dtype: torch.dtype, shape: tuple[int, ...]
     ) -> torch.Tensor:
-        """A zero-copy view of bytes ``[offset, offset+length)`` of the data region."""
-        return tensor_at(
-            self.base + self.offer.data_offset + offset, length, self, self.device, dtype, shape
-        )
+        """A zero-copy view of bytes ``[offset, offset+length)`` of the data region: a
+        slice of one tensor over the whole region, made at the first open (a tensor made
+        from a pointer costs tens of µs a time; a slice a few)."""
+        import torch
+
+        data = self._data
+        if data is None:
+            size = self.offer.size - self.offer.data_offset
+            data = tensor_at(
+                self.base + self.offer.data_offset, size, self, self.device, torch.uint8, (size,)
+            )
+            self._data = data
+        if offset % dtype.itemsize:  # a dtype view needs its alignment
+            return tensor_at(
+                self.base + self.offer.data_offset + offset, length, self, self.device, dtype, shape
+            )
+        return data[offset : offset + length].view(dtype).reshape(shape)
 
     def close(self) -> None:
         """Unmap (idempotent); views made from this mapping must be gone."""
+        self._data = None
         if self._ipc:
             self._ipc = False
             call("cuIpcCloseMemHandle", self.base)
