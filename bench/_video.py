@@ -7,7 +7,8 @@ panning under a sweeping bar), 10 and 30 seconds at 480p, 720p and 1080p. For ea
 * bytes: the container (what mmwire ships), the sampled frames as uint8 RGB (what a
   frontend that decodes ships), the eager ``pixel_values_videos`` in fp32;
 * the owner's time: the header read (on the producer), the decode of only the sampled
-  frames (FFmpeg threads, one per core), and ``pixel_values_videos`` from them;
+  frames (FFmpeg threads, one per core), and ``pixel_values_videos`` from them on the CPU
+  and, where there is a GPU, by the CUDA kernels (upload included);
 * the frontend's time: every frame decoded and converted to RGB, as a frontend that
   decodes the clip and then samples does; and the library's own full decode (every
   frame, no conversion) beside it.
@@ -109,7 +110,44 @@ def measure_clip(data: bytes, family: str, fps: float, reps: int) -> dict[str, A
         "pixels_s": _median_s(lambda: video_pixel_values(frames, plan, config), reps),
         "full_rgb_s": _median_s(lambda: _full_decode(data, True), reps),
         "full_s": _median_s(lambda: _full_decode(data, False), reps),
+        "pixels_cuda_s": _cuda_pixels_s(frames, plan, config, reps),
     }
+
+
+def _cuda_pixels_s(frames: Any, plan: Any, config: Any, reps: int) -> float | None:
+    """The CUDA owner's ``pixel_values_videos``: the sampled frames uploaded, then the
+    kernels, synchronised; ``None`` without CUDA and CuPy."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        return None
+    from mmwire.kernels import video_rows
+
+    scale = 1.0 / config.rescale_factor
+    mean = (torch.tensor(config.image_mean) * scale).tolist()
+    std = (torch.tensor(config.image_std) * scale).tolist()
+    host = torch.from_numpy(frames).pin_memory()
+    out = torch.empty(plan.grid.patches, *config.row_shape, device="cuda")
+
+    def run() -> None:
+        video_rows(
+            host.to("cuda", non_blocking=True),
+            (plan.new_height, plan.new_width),
+            patch=config.patch_size,
+            merge=config.merge_size,
+            temporal=config.temporal_patch_size,
+            mean=(mean[0], mean[1], mean[2]),
+            std=(std[0], std[1], std[2]),
+            out=out,
+        )
+        torch.cuda.synchronize()
+
+    run()  # compile and warm up
+    return _median_s(run, reps)
 
 
 def render_table(rows: list[dict[str, Any]]) -> Table:
@@ -122,6 +160,7 @@ def render_table(rows: list[dict[str, Any]]) -> Table:
         "fp32\n(x)",
         "owner\ndecode",
         "+ pixels",
+        "cuda\npixels",
         "frontend\n(x)",
         "full\ndecode",
     ):
@@ -135,6 +174,7 @@ def render_table(rows: list[dict[str, Any]]) -> Table:
             f"{r['bytes_fp32'] / mib:.0f} MiB ({r['bytes_fp32'] / r['bytes_container']:.0f}x)",
             f"{r['decode_s'] * 1e3:.0f} ms",
             f"{r['pixels_s'] * 1e3:.0f} ms",
+            "-" if r.get("pixels_cuda_s") is None else f"{r['pixels_cuda_s'] * 1e3:.1f} ms",
             f"{r['full_rgb_s'] * 1e3:.0f} ms ({r['full_rgb_s'] / r['decode_s']:.1f}x)",
             f"{r['full_s'] * 1e3:.0f} ms",
         )
@@ -172,7 +212,8 @@ def run_video(
             "notes": [
                 "clips: libx264 veryfast, 30 fps, yuv420p, a panning textured scene",
                 "owner: only the sampled frames decoded (FFmpeg threads, one per core) and "
-                "converted, then pixel_values_videos on the CPU",
+                "converted, then pixel_values_videos on the CPU; cuda pixels: the sampled "
+                "frames uploaded and the CUDA kernels' rows, where there is a GPU",
                 "frames: the sampled frames as uint8 RGB, what a decoding frontend ships; "
                 "fp32: eager pixel_values_videos",
                 "frontend: every frame decoded and converted to RGB before sampling",
