@@ -390,7 +390,10 @@ def _fused_block(p: int) -> tuple[int, int]:
 
 
 def to_device(rows: Sequence[tuple[int, ...]], device: torch.device) -> torch.Tensor:
-    """A small int64 table on ``device`` without a host sync (pinned, stream-ordered copy)."""
+    """A small int64 table on ``device`` without a host sync (pinned, stream-ordered copy);
+    no rows make a ``(0, 3)`` table, as a batch without images has no grids."""
+    if not rows:
+        return torch.empty((0, 3), dtype=torch.int64, device=device)
     t = torch.tensor(rows, dtype=torch.int64).reshape(len(rows), -1)
     if device.type != "cuda":
         return t.to(device)
