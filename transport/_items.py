@@ -51,7 +51,7 @@ from ._schema import (
     VideoSpec,
 )
 from ._torch import is_cuda_tensor, is_tensor
-from ._video import probe_video, video_format
+from ._video import MAX_FRAME_PIXELS, probe_video, video_format
 from ._views import dtype_name
 from .errors import InvalidRequest, MalformedEnvelope, MmwireError
 
@@ -329,7 +329,8 @@ def _prepare_video(where: str, item: Item, max_pixels: int) -> PreparedItem:
     if isinstance(data, (bytes, bytearray, memoryview)):
         if video_format(data) is None:
             raise InvalidRequest(f"{where}: a video's bytes must be MP4, MOV, WebM or Matroska")
-        header = located(where, lambda d: probe_video(d, max_frame_pixels=max_pixels), data)
+        ceiling = min(max_pixels, MAX_FRAME_PIXELS)
+        header = located(where, lambda d: probe_video(d, max_frame_pixels=ceiling), data)
         spec = _video_spec(item, header, where)
         if spec.header != header:
             raise InvalidRequest(f"{where}: its `preprocess` is another video's spec")
