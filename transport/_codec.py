@@ -223,6 +223,25 @@ def _as_bytes(frame: Any, what: str) -> memoryview:
         raise FrameError(f"{what} is not a contiguous bytes-like frame: {e}") from None
 
 
+def _sizes(env: FeatureEnvelope) -> list[tuple[str, int, int]]:
+    """The pixel sizes an envelope asks its owner to hold: a raw image's, its resize
+    target's and canvas's; a video's frames' and their resize target's."""
+    if env.preprocess is not None:
+        plan = env.preprocess.plan
+        return [
+            ("image", plan.width, plan.height),
+            ("resize target", plan.new_width, plan.new_height),
+            ("canvas", plan.padded_width, plan.padded_height),
+        ]
+    if env.video is not None:
+        vplan = env.video.plan
+        return [
+            ("video frame", vplan.width, vplan.height),
+            ("video resize target", vplan.new_width, vplan.new_height),
+        ]
+    return []
+
+
 def _check_batch(header: _Header, frame_sizes: Sequence[int], limits: Limits) -> None:
     envs = header.envelopes
     if len(envs) > limits.max_items:
@@ -245,29 +264,12 @@ def _check_batch(header: _Header, frame_sizes: Sequence[int], limits: Limits) ->
                 f"`tensor.nbytes` {env.tensor.nbytes} of {env._where()} is over `max_bytes` "
                 f"{limits.max_bytes}"
             )
-        if env.preprocess is not None:
-            plan = env.preprocess.plan
-            for label, w, h in (
-                ("image", plan.width, plan.height),
-                ("resize target", plan.new_width, plan.new_height),
-                ("canvas", plan.padded_width, plan.padded_height),
-            ):
-                if w * h > limits.max_pixels:
-                    raise LimitExceeded(
-                        f"{label} {w}x{h} of {env._where()} is {w * h} pixels, over `max_pixels` "
-                        f"{limits.max_pixels}"
-                    )
-        if env.video is not None:
-            vplan = env.video.plan
-            for label, w, h in (
-                ("video frame", vplan.width, vplan.height),
-                ("video resize target", vplan.new_width, vplan.new_height),
-            ):
-                if w * h > limits.max_pixels:
-                    raise LimitExceeded(
-                        f"{label} {w}x{h} of {env._where()} is {w * h} pixels, over `max_pixels` "
-                        f"{limits.max_pixels}"
-                    )
+        for label, w, h in _sizes(env):
+            if w * h > limits.max_pixels:
+                raise LimitExceeded(
+                    f"{label} {w}x{h} of {env._where()} is {w * h} pixels, over `max_pixels` "
+                    f"{limits.max_pixels}"
+                )
         ref = env.payload
         if isinstance(ref, InlineRef):
             if ref.frame >= len(frame_sizes):
