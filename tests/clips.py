@@ -4,7 +4,7 @@ content, any size the codec takes, constant or variable frame rate."""
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,24 @@ SETTINGS: list[dict[str, Any]] = [
     {"do_sample_frames": True, "fps": 2, "cap_pixels_per_frame": True},
     {"do_sample_frames": True, "num_frames": 4},
 ]
+
+
+def planned_cases(family: str) -> Iterator[tuple[Any, Any, tuple[int, int, int, float]]]:
+    """``(config, plan, case)`` for every setting and raw case the family's processor
+    takes (the others raise in transformers too: they are tested as refusals)."""
+    from mmwire.materialize.video import video_spec_for
+    from mmwire.transport.errors import ConfigurationError, MaterializeError
+
+    for params in SETTINGS:
+        try:
+            config = video_spec_for(family, params)
+        except ConfigurationError:  # Qwen3-VL's fps beside num_frames
+            continue
+        for t, h, w, fps in RAW_CASES:
+            try:
+                yield config, config.plan_frames(t, fps, h, w), (t, h, w, fps)
+            except MaterializeError:
+                continue
 
 
 def frame_pixels(i: int, width: int, height: int) -> np.ndarray:

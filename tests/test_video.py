@@ -13,7 +13,7 @@ import msgspec
 import numpy as np
 import pytest
 import torch
-from clips import RAW_CASES, SETTINGS, frame_pixels, make_clip
+from clips import RAW_CASES, SETTINGS, frame_pixels, make_clip, planned_cases
 from mmwire.kernels import video_resize_reference
 from mmwire.materialize.video import QwenVideoConfig, video_pixel_values, video_spec_for
 from mmwire.transport.errors import ConfigurationError, MaterializeError, VideoDecodeError
@@ -284,19 +284,11 @@ def test_the_kernels_resize_arithmetic_equals_torch() -> None:
     antialiased bicubic, for every plan of the cases above under both families (shrinking
     and enlarging, odd sizes, one axis unchanged) and for sizes far apart."""
     rng = np.random.default_rng(7)
-    sizes = set()
-    for family in FAMILIES:
-        for params in SETTINGS:
-            try:
-                config = video_spec_for(family, params)
-            except ConfigurationError:  # Qwen3-VL's fps beside num_frames
-                continue
-            for t, h, w, fps in RAW_CASES:
-                try:
-                    plan = config.plan_frames(t, fps, h, w)
-                except MaterializeError:
-                    continue
-                sizes.add((h, w, plan.new_height, plan.new_width))
+    sizes = {
+        (h, w, plan.new_height, plan.new_width)
+        for family in FAMILIES
+        for _, plan, (_, h, w, _) in planned_cases(family)
+    }
     sizes |= {(1080, 1920, 448, 784), (720, 1280, 336, 588), (61, 60, 64, 64), (7, 5, 64, 32)}
     sizes |= {(64, 90, 64, 96), (56, 84, 112, 84)}  # one axis as it is
     assert any(h2 == h for h, _, h2, _ in sizes) and any(h2 > h for h, _, h2, _ in sizes)

@@ -36,6 +36,7 @@ from mmwire.transport.errors import (
 )
 from mmwire.transport.videos import probe_video
 from mmwire.transport.wire import BatchDecoder, encode_batch
+from test_encoded import _publish
 
 oracle = pytest.importorskip("oracle")
 hf = oracle.video_oracle()
@@ -143,14 +144,6 @@ def test_videos_reach_their_owners_and_equal_transformers() -> None:
 
 def _owned(item: Item, owner: int) -> Item:
     return dataclasses.replace(item, consumers=(owner,))
-
-
-def _publish(items: list[Item]) -> tuple[Producer, Consumer]:
-    p = Producer(arena_size=16 << 20)
-    c = Consumer(0, p.endpoint, handover=p.handover_path)
-    p.wait_for_consumers([0], 10)
-    p.publish("r", items)
-    return p, c
 
 
 def test_the_producer_refuses_bad_video_items_before_allocating() -> None:
