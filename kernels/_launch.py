@@ -128,7 +128,12 @@ ModuleKey = tuple[int, OutputLayout]
 def _module(device_index: int, key: ModuleKey = (0, KIMI_LAYOUT)) -> Any:
     """``pixels.cu`` compiled for one device and output layout; for one patch size, or any
     (patch 0)."""
-    cupy = require_cupy()
+    try:
+        import cupy
+    except ImportError as e:
+        raise BackendUnavailable(
+            "the CUDA kernels need CuPy: install mmwire[cuda12] or mmwire[cuda13]"
+        ) from e
     with cupy.cuda.Device(device_index):
         module = cupy.RawModule(
             code=kernel_source(),
@@ -137,17 +142,6 @@ def _module(device_index: int, key: ModuleKey = (0, KIMI_LAYOUT)) -> Any:
         )
         module.compile()
     return module
-
-
-def require_cupy() -> Any:
-    """The ``cupy`` module, or ``BackendUnavailable`` saying how to install it."""
-    try:
-        import cupy
-    except ImportError as e:
-        raise BackendUnavailable(
-            "the CUDA kernels need CuPy: install mmwire[cuda12] or mmwire[cuda13]"
-        ) from e
-    return cupy
 
 
 class _StreamRef:

@@ -22,8 +22,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from mmwire.transport.errors import BackendUnavailable
 
-from ._launch import _cupy_stream, require_cupy
+from ._launch import _cupy_stream
 
 __all__ = ["AxisWeights", "axis_weights", "resize_reference", "video_rows"]
 
@@ -123,7 +124,12 @@ def resize_reference(
 
 @cache
 def _module(device_index: int) -> Any:
-    cupy = require_cupy()
+    try:
+        import cupy
+    except ImportError as e:
+        raise BackendUnavailable(
+            "the CUDA kernels need CuPy: install mmwire[cuda12] or mmwire[cuda13]"
+        ) from e
     with cupy.cuda.Device(device_index):
         module = cupy.RawModule(code=SOURCE.read_text(), options=("-std=c++17",))
         module.compile()
@@ -170,7 +176,8 @@ def video_rows(
             f"video_rows: frames {frames.dtype}{list(frames.shape)} to {size} into "
             f"{out.dtype}{list(out.shape)}"
         )
-    cupy = require_cupy()
+    import cupy
+
     device = frames.device
     index = device.index if device.index is not None else torch.cuda.current_device()
     stream = _cupy_stream(torch.cuda.current_stream(device).cuda_stream, index)
