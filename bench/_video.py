@@ -125,12 +125,25 @@ def _cuda_pixels_s(frames: Any, plan: Any, config: Any, reps: int) -> float | No
         import cupy  # noqa: F401
     except ImportError:
         return None
-    from mmwire.materialize.video import video_pixel_values
+    from mmwire.kernels import video_rows
 
+    scale = 1.0 / config.rescale_factor
+    mean = (torch.tensor(config.image_mean) * scale).tolist()
+    std = (torch.tensor(config.image_std) * scale).tolist()
     host = torch.from_numpy(frames).pin_memory()
+    out = torch.empty(plan.grid.patches, *config.row_shape, device="cuda")
 
     def run() -> None:
-        video_pixel_values(host, plan, config, device="cuda")
+        video_rows(
+            host.to("cuda", non_blocking=True),
+            (plan.new_height, plan.new_width),
+            patch=config.patch_size,
+            merge=config.merge_size,
+            temporal=config.temporal_patch_size,
+            mean=(mean[0], mean[1], mean[2]),
+            std=(std[0], std[1], std[2]),
+            out=out,
+        )
         torch.cuda.synchronize()
 
     run()  # compile and warm up

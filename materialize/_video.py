@@ -225,19 +225,21 @@ def _scaled_normalisation(config: VideoConfig) -> tuple[torch.Tensor, torch.Tens
     return mean, std
 
 
+def normalisation(config: VideoConfig) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The float32 mean and std (0-255 units) every video pixel is normalised with."""
+    mean, std = _scaled_normalisation(config)
+    return tuple(mean.tolist()), tuple(std.tolist())
+
+
 def video_pixel_values(
     frames: np.ndarray[Any, Any] | torch.Tensor | Sequence[np.ndarray[Any, Any]],
     plan: VideoPlan,
-    config: VideoConfig,
+    config: QwenVideoConfig,
     dtype: torch.dtype = torch.float32,
-    device: torch.device | str | None = None,
 ) -> torch.Tensor:
     """``pixel_values_videos`` of one video: uint8 RGB ``(T, H, W, 3)`` frames, or a list of
     ``(H, W, 3)`` ones (the plan's sampled frames, in order), to ``(t·h·w, 3·T·p·p)`` rows,
-    equal to transformers'. On a CUDA ``device`` the frames are uploaded once and the CUDA
-    kernels (``mmwire.kernels.video_rows``) make the rows there, the same bytes; else the
-    reference's own torch operations run on the host. ``MaterializeError`` for frames of
-    another shape or dtype."""
+    equal to transformers'. ``MaterializeError`` for frames of another shape or dtype."""
     if isinstance(frames, (list, tuple)):  # a list of (H, W, 3) frames is one video
         frames = np.stack([np.asarray(f) for f in frames]) if frames else np.empty(0, np.uint8)
     x = torch.as_tensor(frames)
@@ -247,8 +249,6 @@ def video_pixel_values(
             f"frames must be uint8 ({n}, {plan.height}, {plan.width}, 3), got "
             f"{x.dtype} {tuple(x.shape)}"
         )
-    if device is not None and torch.device(device).type == "cuda":
-        return _on_cuda(x, plan, config, dtype, torch.device(device))
     x = x.permute(0, 3, 1, 2).contiguous()
     size = [plan.new_height, plan.new_width]
     if (plan.new_height, plan.new_width) != (plan.height, plan.width):
@@ -264,37 +264,6 @@ def video_pixel_values(
     rows = x.view(gt, t, 3, gh // m, m, p, gw // m, m, p).permute(0, 3, 6, 4, 7, 2, 1, 5, 8)
     out = rows.reshape(gt * gh * gw, 3 * t * p * p)
     return out if dtype == torch.float32 else out.to(dtype)
-
-
-def _on_cuda(
-    frames: torch.Tensor,
-    plan: VideoPlan,
-    config: VideoConfig,
-    dtype: torch.dtype,
-    device: torch.device,
-) -> torch.Tensor:
-    """The rows by the CUDA kernels: float32 or bfloat16 directly, another dtype as float32
-    rounded once (as the host path rounds)."""
-    from mmwire.kernels import video_rows
-
-    mean, std = (tuple(float(v) for v in t.tolist()) for t in _scaled_normalisation(config))
-    direct = dtype in (torch.float32, torch.bfloat16)
-    out = torch.empty(
-        (plan.grid.patches, *config.row_shape),
-        dtype=dtype if direct else torch.float32,
-        device=device,
-    )
-    video_rows(
-        frames.contiguous().to(device),
-        (plan.new_height, plan.new_width),
-        patch=config.patch_size,
-        merge=config.merge_size,
-        temporal=config.temporal_patch_size,
-        mean=(mean[0], mean[1], mean[2]),
-        std=(std[0], std[1], std[2]),
-        out=out,
-    )
-    return out if direct else out.to(dtype)
 
 
 _QWEN3_VIDEO = QwenVideoConfig(

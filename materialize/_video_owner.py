@@ -20,7 +20,7 @@ from mmwire.transport import FeatureEnvelope, GlobalIndex, LocalIndex
 from mmwire.transport.errors import GridMismatch, MaterializeError
 from mmwire.transport.videos import VideoSpec, decode_frames, probe_video
 
-from ._video import QwenVideoConfig, video_pixel_values
+from ._video import QwenVideoConfig, normalisation, video_pixel_values
 
 __all__ = ["VideoItem", "check_video", "decoded_bytes", "video_rows"]
 
@@ -101,13 +101,37 @@ def video_rows(
     at = 0
     for item, payload in zip(items, payloads):
         frames = _frames(payload, item)
-        made = video_pixel_values(
-            frames, item.spec.plan, item.config, dtype, device if kernels else None
-        )
-        out[at : at + item.rows].copy_(made)
+        target = out[at : at + item.rows]
+        if kernels:
+            _on_gpu(frames, item, target)
+        else:
+            target.copy_(video_pixel_values(frames, item.spec.plan, item.config, dtype))
         at += item.rows
     grids = torch.tensor([item.spec.plan.grid.thw for item in items], dtype=torch.int64)
     return out.to(device), grids.reshape(-1, 3).to(device)
+
+
+def _on_gpu(frames: torch.Tensor, item: VideoItem, out: torch.Tensor) -> None:
+    """One video's rows by the CUDA kernels, into ``out`` on its device."""
+    from mmwire.kernels import video_rows as kernel_rows
+
+    plan, config = item.spec.plan, item.config
+    mean, std = normalisation(config)
+    on_device = frames.contiguous().to(out.device)
+    direct = out.dtype in (torch.float32, torch.bfloat16)
+    target = out if direct else torch.empty(out.shape, dtype=torch.float32, device=out.device)
+    kernel_rows(
+        on_device,
+        (plan.new_height, plan.new_width),
+        patch=config.patch_size,
+        merge=config.merge_size,
+        temporal=config.temporal_patch_size,
+        mean=(mean[0], mean[1], mean[2]),
+        std=(std[0], std[1], std[2]),
+        out=target,
+    )
+    if not direct:  # fp16: float32 rounded once, as the host path does
+        out.copy_(target)
 
 
 def _frames(payload: np.ndarray[Any, Any] | torch.Tensor, item: VideoItem) -> torch.Tensor:
