@@ -182,11 +182,17 @@ def test_the_producer_refuses_bad_video_items_before_allocating() -> None:
             with pytest.raises(error):
                 p.publish("bad", [item])
             assert p.statistics().arena.leases_total == 0
-        [env] = p.publish("ok", [Item(good, (0,), modality="video", preprocess=QWEN3)])
+        # the spec as a callable, or the VideoSpec it gives for this container
+        spec = QWEN3(probe_video(good))
+        items = [Item(good, (0,), modality="video", preprocess=way) for way in (QWEN3, spec)]
+        envs = p.publish("ok", items)
+        assert envs[0].video == envs[1].video == spec
         with c.recv(10) as b:
-            out = Materializer(0).materialize(b, IndexMap(0, [GlobalIndex(0)]))
-        assert out.video_grid_thw is not None
-        assert out.video_grid_thw.tolist() == [list(env.grid.thw)]
+            out = Materializer(0).materialize(b, IndexMap(0, [GlobalIndex(1), GlobalIndex(0)]))
+        assert out.video_grid_thw is not None and out.pixel_values_videos is not None
+        assert out.video_grid_thw.tolist() == [list(spec.plan.grid.thw)] * 2
+        first, second = out.pixel_values_videos.chunk(2)
+        assert torch.equal(first, second)
     finally:
         c.close()
         p.close()
