@@ -170,6 +170,16 @@ def test_the_producer_refuses_bad_video_items_before_allocating() -> None:
                 InvalidRequest,
             ),
             (Item(raw[..., :2], (0,), modality="video", preprocess=QWEN3_ALL), InvalidRequest),
+            (
+                Item([raw[0], raw[1, :20]], (0,), modality="video", preprocess=QWEN3_ALL),
+                InvalidRequest,
+            ),
+            (
+                Item(
+                    torch.from_numpy(raw).bfloat16(), (0,), modality="video", preprocess=QWEN3_ALL
+                ),
+                InvalidRequest,
+            ),
             (Item(raw, (0,), modality="video", preprocess=other), InvalidRequest),
             (
                 Item(raw, (0,), kind="encoded", modality="video", preprocess=QWEN3_ALL),

@@ -356,12 +356,15 @@ def _prepare_video(where: str, item: Item, max_pixels: int) -> PreparedItem:
 def _frames(data: Any) -> np.ndarray[Any, Any]:
     """Video frames as uint8 ``(T, H, W, 3)``, C-contiguous."""
     arr: np.ndarray[Any, Any]
-    if isinstance(data, (list, tuple)):
-        arr = np.stack([np.asarray(f) for f in data]) if data else np.empty(0, np.uint8)
-    elif is_tensor(data):
-        arr = data.detach().numpy()
-    else:
-        arr = np.asarray(data)
+    try:
+        if isinstance(data, (list, tuple)):
+            arr = np.stack([np.asarray(f) for f in data]) if data else np.empty(0, np.uint8)
+        elif is_tensor(data):
+            arr = data.detach().numpy()
+        else:
+            arr = np.asarray(data)
+    except (TypeError, ValueError) as e:  # frames of different sizes, a dtype numpy lacks
+        raise InvalidRequest(f"video frames must be uint8 (T, H, W, 3) alike: {e}") from e
     if arr.dtype != np.uint8 or arr.ndim != 4 or arr.shape[3] != 3 or 0 in arr.shape:
         raise InvalidRequest(
             f"video frames must be uint8 (T, H, W, 3), got {arr.dtype} {list(arr.shape)}"
