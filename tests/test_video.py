@@ -209,6 +209,13 @@ def test_corrupt_containers_are_refused_with_a_typed_error() -> None:
     # the index is at the end (no faststart): cut off, nothing is readable
     with pytest.raises(VideoDecodeError):
         probe_video(data[: len(data) // 2])
+    # cut inside the stream's description: PyAV gives a stream without a codec context
+    small = make_clip(48, 32, 10)
+    for cut in range(16, len(small), 7):
+        try:
+            probe_video(small[:cut])
+        except VideoDecodeError:
+            pass
     # garbage in the middle of the stream: the header reads, decoding refuses or the
     # frames come out, never anything else
     header = probe_video(data)

@@ -74,12 +74,17 @@ def video_format(data: bytes | bytearray | memoryview) -> VideoFormat | None:
     return None
 
 
+_MALFORMED = (ValueError, TypeError, AttributeError, OverflowError, IndexError)
+"""What PyAV raises besides ``FFmpegError`` on a malformed container: undecodable
+metadata text, a stream without a codec context, values out of range."""
+
+
 def _open(data: bytes | bytearray | memoryview) -> Any:
     av = _av()
     try:
         return av.open(io.BytesIO(data), mode="r")
-    except av.FFmpegError as e:
-        raise VideoDecodeError(f"not a readable video container: {e}") from e
+    except (av.FFmpegError, *_MALFORMED) as e:
+        raise VideoDecodeError(f"not a readable video container: {e!r}") from e
 
 
 def probe_video(
@@ -119,10 +124,12 @@ def probe_video(
         return EncodedVideo(
             format=fmt, codec=codec, width=width, height=height, frames=frames, fps=float(rate)
         )
-    except av.FFmpegError as e:
-        raise VideoDecodeError(f"unreadable {fmt} container: {e}") from e
+    except VideoDecodeError:
+        raise
     except DimensionError as e:
         raise VideoDecodeError(str(e)) from e
+    except (av.FFmpegError, *_MALFORMED) as e:
+        raise VideoDecodeError(f"unreadable {fmt} container: {e!r}") from e
     finally:
         container.close()
 
@@ -194,8 +201,10 @@ def decode_frames(
                 filled += len(at)
             if i >= last:
                 break
-    except av.FFmpegError as e:
-        raise VideoDecodeError(f"the {video.format} stream does not decode: {e}") from e
+    except VideoDecodeError:
+        raise
+    except (av.FFmpegError, *_MALFORMED) as e:
+        raise VideoDecodeError(f"the {video.format} stream does not decode: {e!r}") from e
     finally:
         container.close()
     if filled != len(indices):
