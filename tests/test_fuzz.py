@@ -1,6 +1,7 @@
 """Random and mutated-valid bytes: the decoder yields a batch or an EnvelopeError, nothing else;
 and the owner, given every batch that decodes, materialises it or raises an MmwireError,
-within a bounded time and output.
+within a bounded time and output. Images and videos (a container's bytes and its
+envelope's fields) both.
 
 CI runs a share; ``MMWIRE_FUZZ_EXAMPLES=100000`` runs the full 100k of each strategy
 (about 15, 10 and 3 minutes on 2 cores). Add ``-o faulthandler_timeout=0``: the watchdog's
@@ -12,15 +13,19 @@ from __future__ import annotations
 import io
 import os
 import time
+from typing import Any
 
 import msgspec
 import numpy as np
+from clips import make_clip
 from helpers import cpu_ref, encoded_envelope, processed_envelope, raw_envelope
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mmwire.materialize import FAMILIES, Materializer
+from mmwire.materialize.video import QwenVideoConfig
 from mmwire.transport import Consumer, IndexMap
 from mmwire.transport.errors import EnvelopeError, MmwireError
+from mmwire.transport.videos import VideoSpec, probe_video
 from mmwire.transport.wire import BatchDecoder, encode_batch
 from PIL import Image
 
@@ -87,6 +92,8 @@ def _materialize(frames: list[bytes]) -> None:
         pass
     else:
         assert out.pixel_values.nbytes <= MAX_OUT
+        videos = out.pixel_values_videos
+        assert videos is None or videos.nbytes <= MAX_OUT
     finally:
         batch.release()
     assert time.monotonic() - t0 < MAX_SECONDS
@@ -158,7 +165,11 @@ _ints = st.one_of(st.integers(-(2**63), 2**64 - 1), st.sampled_from([0, -1, 1, 2
 @given(st.data())
 def test_structurally_mutated_fields(data: st.DataObject) -> None:
     """Replace one leaf of the valid header with a hostile value of another type/size."""
-    tree = msgspec.msgpack.decode(VALID_HEADER)
+    _mutate_leaf(data, VALID)
+
+
+def _mutate_leaf(data: st.DataObject, valid: list[Any]) -> None:
+    tree = msgspec.msgpack.decode(valid[0])
     leaves: list[tuple[object, object]] = []
 
     def walk(node: object) -> None:
@@ -187,7 +198,77 @@ def test_structurally_mutated_fields(data: st.DataObject) -> None:
         )
     )
     parent[key] = value  # type: ignore[index]
-    _decode([msgspec.msgpack.encode(tree), *VALID[1:]])
+    _decode([msgspec.msgpack.encode(tree), *valid[1:]])
+
+
+VIDEO_CONFIG = QwenVideoConfig(family="qwen3-vl", sampler="qwen3_vl", patch_size=16)
+CLIP = make_clip(48, 32, 10)
+_frames = np.arange(4 * 32 * 48 * 3, dtype=np.uint8).reshape(4, 32, 48, 3)
+
+
+def _video_envelope(index: int, spec: VideoSpec, nbytes: int, shape: tuple[int, ...]) -> Any:
+    from mmwire.transport import FeatureEnvelope, GlobalIndex, TensorSpec
+    from mmwire.transport.wire import SCHEMA_VERSION, InlineRef
+
+    return FeatureEnvelope(
+        version=SCHEMA_VERSION,
+        request_id="req-v",
+        index=GlobalIndex(index),
+        modality="video",
+        kind="encoded" if spec.header is not None else "raw",
+        grid=spec.plan.grid,
+        tensor=TensorSpec(dtype="uint8", shape=shape, nbytes=nbytes),
+        payload=InlineRef(frame=index),
+        consumers=(0,),
+        video=spec,
+    )
+
+
+VIDEO_SPEC = VIDEO_CONFIG(probe_video(CLIP))
+VALID_VIDEO = encode_batch(
+    [
+        _video_envelope(0, VIDEO_SPEC, len(CLIP), (len(CLIP),)),
+        _video_envelope(1, VIDEO_CONFIG((4, 32, 48)), _frames.nbytes, _frames.shape),
+    ],
+    [CLIP, _frames.tobytes()],
+)
+VIDEO_FUZZ = settings(FUZZ, max_examples=max(EXAMPLES // 4, 1))
+
+
+def test_the_valid_video_batch_materialises() -> None:
+    """The video seed (a container and frames given decoded) is accepted whole."""
+    batch = _Owner.get().decode(VALID_VIDEO)
+    out = MATERIALIZER.materialize(batch, IndexMap(0, list(batch.envelopes.indices())))
+    batch.release()
+    assert out.video_grid_thw is not None
+    assert out.video_grid_thw.tolist() == [list(VIDEO_SPEC.plan.grid.thw), [2, 10, 14]]
+
+
+@VIDEO_FUZZ
+@given(st.data())
+def test_mutated_video_container(data: st.DataObject) -> None:
+    """A video's container flipped, overwritten or cut under its honest envelope: the
+    owner decodes it or raises an MmwireError, within the time bound."""
+    buf = bytearray(CLIP)
+    for _ in range(data.draw(st.integers(1, 6))):
+        pos = data.draw(st.integers(0, len(buf) - 1))
+        op = data.draw(st.sampled_from(["flip", "set", "cut"]))
+        if op == "flip":
+            buf[pos] ^= 1 << data.draw(st.integers(0, 7))
+        elif op == "set":
+            buf[pos] = data.draw(st.integers(0, 255))
+        elif pos > 0:
+            del buf[pos:]
+    env = _video_envelope(0, VIDEO_SPEC, len(buf), (len(buf),))
+    _decode(encode_batch([env], [bytes(buf)]))
+
+
+@VIDEO_FUZZ
+@given(st.data())
+def test_structurally_mutated_video_fields(data: st.DataObject) -> None:
+    """One leaf of the video batch's header (its config, plan, header or tensor) replaced
+    with a hostile value: a typed error, or a batch the owner handles within bounds."""
+    _mutate_leaf(data, VALID_VIDEO)
 
 
 def teardown_module() -> None:
