@@ -432,8 +432,8 @@ class Materializer:
     ) -> list[np.ndarray[Any, Any] | None]:
         """The encoded items' pixels (``None`` for raw ones and positions in ``skip``),
         decoded in parallel: into one pinned host buffer where ``pinned`` (the CUDA path
-        uploads from it). Every header is checked against its envelope, and the total
-        against ``max_decoded_bytes``, before anything is allocated."""
+        uploads from it). Every header is checked against its envelope before anything is
+        allocated (the batch's total was checked against ``max_decoded_bytes`` before)."""
         checked = [
             None
             if item.encoding is None or k in skip
@@ -446,7 +446,6 @@ class Materializer:
             )
             for k, item in enumerate(items)
         ]
-        self._check_decoded_bytes(items)
         shapes = [None if raw is None else item.shape for item, raw in zip(items, checked)]
         total = sum(math.prod(s) for s in shapes if s is not None)
         if total == 0:
