@@ -117,11 +117,9 @@ def test_the_valid_batch_materialises() -> None:
     assert qwen.pixel_values.shape == (envs[4].grid.patches, 1176)
 
 
-@FUZZ
-@given(st.data())
-def test_mutated_encoded_bytes(data: st.DataObject) -> None:
-    """An encoded item's bytes flipped, cut or overwritten under its honest envelope."""
-    buf = bytearray(PNG)
+def _mutated(data: st.DataObject, original: bytes) -> bytearray:
+    """``original`` with 1 to 6 bytes flipped, overwritten or cut off."""
+    buf = bytearray(original)
     for _ in range(data.draw(st.integers(1, 6))):
         pos = data.draw(st.integers(0, len(buf) - 1))
         op = data.draw(st.sampled_from(["flip", "set", "cut"]))
@@ -131,6 +129,14 @@ def test_mutated_encoded_bytes(data: st.DataObject) -> None:
             buf[pos] = data.draw(st.integers(0, 255))
         elif pos > 0:
             del buf[pos:]
+    return buf
+
+
+@FUZZ
+@given(st.data())
+def test_mutated_encoded_bytes(data: st.DataObject) -> None:
+    """An encoded item's bytes flipped, cut or overwritten under its honest envelope."""
+    buf = _mutated(data, PNG)
     forged = msgspec.structs.replace(
         encoded_envelope(0, PNG, frame=0),
         tensor=msgspec.structs.replace(
@@ -249,16 +255,7 @@ def test_the_valid_video_batch_materialises() -> None:
 def test_mutated_video_container(data: st.DataObject) -> None:
     """A video's container flipped, overwritten or cut under its honest envelope: the
     owner decodes it or raises an MmwireError, within the time bound."""
-    buf = bytearray(CLIP)
-    for _ in range(data.draw(st.integers(1, 6))):
-        pos = data.draw(st.integers(0, len(buf) - 1))
-        op = data.draw(st.sampled_from(["flip", "set", "cut"]))
-        if op == "flip":
-            buf[pos] ^= 1 << data.draw(st.integers(0, 7))
-        elif op == "set":
-            buf[pos] = data.draw(st.integers(0, 255))
-        elif pos > 0:
-            del buf[pos:]
+    buf = _mutated(data, CLIP)
     env = _video_envelope(0, VIDEO_SPEC, len(buf), (len(buf),))
     _decode(encode_batch([env], [bytes(buf)]))
 
