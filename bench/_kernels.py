@@ -13,8 +13,8 @@
 Gemma 3 and InternVL rows go through ``mmwire.kernels.preprocess_regions`` (their rows are
 whole tiles of regions of each image).
 Also the owner's end-to-end time with the H2D upload from registered vs pageable memory,
-and the kernel time against the HBM floor (bytes read + written at 4.8 TB/s, and at the
-device-to-device copy rate measured in the same run).
+and the kernel time against the HBM floor (bytes read + written at the device's datasheet
+HBM bandwidth, and at the device-to-device copy rate measured in the same run).
 """
 
 from __future__ import annotations
@@ -47,7 +47,25 @@ from rich.table import Table
 from ._report import bar_plot, percentile, write_run
 
 DATA = Path(__file__).resolve().parent / "data"
-HBM_BYTES_PER_S = 4.8e12  # H200 HBM3e, datasheet
+_HBM_BYTES_PER_S = (  # datasheets, the first name found in the device's
+    ("H200", 4.8e12),
+    ("H100 NVL", 3.9e12),
+    ("H100 PCIe", 2.0e12),
+    ("H100", 3.35e12),  # SXM, HBM3
+    ("A100-SXM4-80GB", 2.039e12),
+    ("A100", 1.555e12),
+)
+
+
+def hbm_bytes_per_s(device_name: str, measured: float) -> tuple[float, str]:
+    """The HBM floor's bandwidth for a device: its datasheet's where the name is known,
+    else ``measured`` (a device-to-device copy's rate); and where the number comes from."""
+    for part, rate in _HBM_BYTES_PER_S:
+        if part in device_name:
+            return rate, f"{part} datasheet"
+    return measured, "device-to-device copy"
+
+
 _MIXED = [
     (640, 480),
     (1920, 1080),
@@ -288,6 +306,7 @@ def _measure(
     dtype: torch.dtype,
     reps: int,
     d2d: float,
+    hbm: float,
 ) -> dict[str, Any]:
     """One (batch, dtype) row: the ways, the e2e uploads, the floor and exactness."""
     specs = [cfg(im.shape[1], im.shape[0]) for im in images]
@@ -364,7 +383,7 @@ def _measure(
         "e2e_registered_s": t_reg,
         "e2e_pageable_s": t_page,
         "bytes_read_written": moved,
-        "floor_hbm_s": moved / HBM_BYTES_PER_S,
+        "floor_hbm_s": moved / hbm,
         "floor_d2d_s": moved / d2d,
         "differing_vs_pillow": _differing(out.cpu(), cpu),
         "differing_torch_way": _differing(theirs, out),
@@ -423,6 +442,7 @@ def run_kernels(
     if not torch.cuda.is_available():
         raise SystemExit("mmwire-bench kernels needs a CUDA device")
     d2d = _d2d_bytes_per_s()
+    hbm, hbm_source = hbm_bytes_per_s(torch.cuda.get_device_name(), d2d)
     cases = {
         "4x1536x1024": (_photos([(1536, 1024)] * 4), KimiConfig()),
         "4x1536x1024 resized": (_photos([(1536, 1024)] * 4), KimiConfig(in_patch_limit=6144)),
@@ -440,8 +460,13 @@ def run_kernels(
     rows: list[dict[str, Any]] = []
     for name, (images, cfg) in cases.items():
         for dtype in (torch.float32, torch.bfloat16):
-            rows.append(_measure(name, images, cfg, dtype, reps, d2d))
-    payload: dict[str, Any] = {"kind": "kernels", "rows": rows, "d2d_copy_bytes_per_s": d2d}
+            rows.append(_measure(name, images, cfg, dtype, reps, d2d, hbm))
+    payload: dict[str, Any] = {
+        "kind": "kernels",
+        "rows": rows,
+        "d2d_copy_bytes_per_s": d2d,
+        "hbm_bytes_per_s": hbm,
+    }
     table = render_table(payload)
     console.print(table)
 
@@ -466,8 +491,9 @@ def run_kernels(
                 "≠ Pillow: output elements whose bits differ from Pillow's (must be 0); "
                 "the torch way's differ in most fp32 values (results.json)",
                 "kernels: mean device time of mmwire's kernels alone per call (CUPTI); x floor: "
-                "against the uint8 input read once and the output written once at 4.8 TB/s "
-                f"(a device-to-device copy ran at {d2d / 1e12:.2f} TB/s here)",
+                "against the uint8 input read once and the output written once at "
+                f"{hbm / 1e12:.2f} TB/s ({hbm_source}; a device-to-device copy ran at "
+                f"{d2d / 1e12:.2f} TB/s here)",
                 "device: CUDA events around a call (with the grid_thw copy and the gaps between "
                 "launches); x: the torch way's (or transformers') device time over it",
                 "torch: the torch way; HF: transformers' own processor (Qwen2VL, Glm4v, "

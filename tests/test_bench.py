@@ -184,6 +184,19 @@ def test_kernel_time_counts_overlapping_launches_once() -> None:
     assert _covered([(5, 12), (0, 10)]) == 12
 
 
+def test_the_hbm_floor_is_the_devices_own_bandwidth() -> None:
+    from mmwire.bench._kernels import hbm_bytes_per_s
+
+    measured = 1.23e12
+    assert hbm_bytes_per_s("NVIDIA H100 80GB HBM3", measured)[0] == 3.35e12
+    assert hbm_bytes_per_s("NVIDIA H100 PCIe", measured)[0] == 2.0e12
+    assert hbm_bytes_per_s("NVIDIA H200", measured)[0] == 4.8e12
+    assert hbm_bytes_per_s("NVIDIA RTX 6000 Ada Generation", measured) == (
+        measured,
+        "device-to-device copy",
+    )
+
+
 def test_capacity_search_finds_the_last_rate_within_the_bound() -> None:
     from mmwire.bench._capacity import _search
 
