@@ -52,8 +52,6 @@ _HBM_BYTES_PER_S = (  # datasheets, the first name found in the device's
     ("H100 NVL", 3.9e12),
     ("H100 PCIe", 2.0e12),
     ("H100", 3.35e12),  # SXM, HBM3
-    ("A100-SXM4-80GB", 2.039e12),
-    ("A100", 1.555e12),
 )
 
 
