@@ -124,16 +124,23 @@ ModuleKey = tuple[int, OutputLayout]
 """A module's patch size (0: any) and output layout."""
 
 
-@cache
-def _module(device_index: int, key: ModuleKey = (0, KIMI_LAYOUT)) -> Any:
-    """``pixels.cu`` compiled for one device and output layout; for one patch size, or any
-    (patch 0)."""
+def import_cupy() -> Any:
+    """CuPy, which compiles and launches every kernel module; ``BackendUnavailable`` saying
+    which extra installs it where it is missing."""
     try:
         import cupy
     except ImportError as e:
         raise BackendUnavailable(
             "the CUDA kernels need CuPy: install mmwire[cuda12] or mmwire[cuda13]"
         ) from e
+    return cupy
+
+
+@cache
+def _module(device_index: int, key: ModuleKey = (0, KIMI_LAYOUT)) -> Any:
+    """``pixels.cu`` compiled for one device and output layout; for one patch size, or any
+    (patch 0)."""
+    cupy = import_cupy()
     with cupy.cuda.Device(device_index):
         module = cupy.RawModule(
             code=kernel_source(),

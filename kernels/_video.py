@@ -22,9 +22,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from mmwire.transport.errors import BackendUnavailable
 
-from ._launch import _cupy_stream
+from ._launch import _cupy_stream, import_cupy
 
 __all__ = ["AxisWeights", "axis_weights", "resize_reference", "video_rows"]
 
@@ -124,12 +123,7 @@ def resize_reference(
 
 @cache
 def _module(device_index: int) -> Any:
-    try:
-        import cupy
-    except ImportError as e:
-        raise BackendUnavailable(
-            "the CUDA kernels need CuPy: install mmwire[cuda12] or mmwire[cuda13]"
-        ) from e
+    cupy = import_cupy()
     with cupy.cuda.Device(device_index):
         module = cupy.RawModule(code=SOURCE.read_text(), options=("-std=c++17",))
         module.compile()
@@ -176,8 +170,7 @@ def video_rows(
             f"video_rows: frames {frames.dtype}{list(frames.shape)} to {size} into "
             f"{out.dtype}{list(out.shape)}"
         )
-    import cupy
-
+    cupy = import_cupy()
     device = frames.device
     index = device.index if device.index is not None else torch.cuda.current_device()
     stream = _cupy_stream(torch.cuda.current_stream(device).cuda_stream, index)

@@ -980,6 +980,19 @@ def test_host_resize_follows_a_pinned_pillow_version(
     assert np.array_equal(got.numpy(), resize_reference(img, 190, 100, pillow=pillow))
 
 
+def test_both_kernel_modules_say_which_extra_installs_cupy() -> None:
+    import importlib.util
+
+    from mmwire.kernels import _launch, _video
+    from mmwire.transport.errors import BackendUnavailable
+
+    if importlib.util.find_spec("cupy") is not None:
+        pytest.skip("CuPy is installed here")
+    for module in (_launch._module, _video._module):
+        with pytest.raises(BackendUnavailable, match=r"install mmwire\[cuda12\]"):
+            module(0)
+
+
 def test_kernel_entry_points_reject_bad_input(host: HostLauncher) -> None:
     img = torch.zeros((20, 30, 3), dtype=torch.uint8)
     with pytest.raises(ValueError, match="uint8"):
