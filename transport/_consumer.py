@@ -87,8 +87,10 @@ __all__ = ["Consumer", "ConsumerStatistics", "ReceivedBatch"]
 # How long one wait holds the socket: a release from another thread waits at most this long.
 _SLICE_MS = 20
 
-# How long closing waits for the messages still queued for the producer.
-_CLOSE_LINGER_MS = 200
+# How long closing waits for the messages still queued for the producer: on a loaded
+# 2-core host zmq's I/O thread can wait 200 ms for a core, and a release dropped there
+# reports a finished request lost. It costs time only while messages are still queued.
+_CLOSE_LINGER_MS = 1000
 
 
 def _in_loop(loop: asyncio.AbstractEventLoop) -> bool:
