@@ -414,8 +414,9 @@ def test_two_remote_ranks_get_every_byte_right_while_a_stranger_hammers_the_engi
                 assert exact > 0 and exact + sum(errors.values()) == n, reports
                 # each request a rank could not take is reported to the producer, at once
                 refused = [x for x in lost if x.rank == rank]
+                odd = [x for x in refused if "could not take it" not in x.reason]
+                assert not odd, odd  # e.g. its last release dropped as it closed
                 assert len(refused) == sum(errors.values()), (reports, lost)
-                assert all("could not take it" in x.reason for x in refused)
         finally:
             stop.set()
             for proc in (*ranks, stranger):
