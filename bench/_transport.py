@@ -356,8 +356,7 @@ class _VllmStore(_ZmqFanout):
 
 def vllm_missing() -> str:
     """Why vLLM's modules do not import here (``""`` if they do)."""
-    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-    try:
+    try:  # this process is ready to import them: see ``_workers.before_vllm_import``
         from vllm.distributed.device_communicators import (  # noqa: F401
             shm_broadcast,
             shm_object_storage,

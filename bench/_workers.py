@@ -9,6 +9,7 @@ included; the library itself never uses pickle.
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import pickle  # the peers' way, reproduced for comparison only
@@ -26,6 +27,23 @@ import zmq
 
 _ENC = msgspec.msgpack.Encoder()
 _TORCH_DTYPES = {"|u1": torch.uint8, "<f4": torch.float32, "<f2": torch.float16, "<i8": torch.int64}
+
+
+# Loggers through which torch warns of deprecations that vLLM's modules trip on import.
+_VLLM_IMPORT_NOISE = ("torch._opaque_base", "torch._library.opaque_object")
+
+
+def before_vllm_import() -> None:
+    """Ready this process to import vLLM's pure-Python peers: its CPU target (no GPU
+    probing), and without the deprecation warnings it makes torch print in every process."""
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    for name in _VLLM_IMPORT_NOISE:
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+# The ranks fork from a server that imported this module, and a vLLM rank unpickles the
+# queue's handle, importing vLLM, before its body runs: so this is done at import.
+before_vllm_import()
 
 
 def _exit_with_parent() -> None:
@@ -313,7 +331,6 @@ def engine_rank(
 def vllm_mq_rank(rank: int, handle: Any, report: str) -> None:
     """vLLM's own shared-memory broadcast queue (``shm_broadcast.MessageQueue``), as its
     executor's workers read it: every rank dequeues the whole object."""
-    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     torch.set_num_threads(1)
     from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
 
@@ -325,7 +342,6 @@ def vllm_store_rank(rank: int, endpoint: str, handle: Any, report: str) -> None:
     """vLLM's multimodal shared-memory object store (``SingleWriterShmObjectStorage``, what
     ``mm_processor_cache_type=shm`` uses): the item's signed address arrives over zmq and
     the rank reads the object from the store."""
-    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     torch.set_num_threads(1)
     from vllm.distributed.device_communicators.shm_object_storage import (
         SingleWriterShmObjectStorage,

@@ -98,19 +98,32 @@ def test_transport_runs_every_method(tmp_path: Path) -> None:
     assert "to a rank on another host" in (run / "table.txt").read_text()
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here (the peers extra)"
-)
-def test_transport_says_in_one_line_that_it_skipped_vllm_without_it(tmp_path: Path) -> None:
+def _transport_cli(tmp_path: Path, methods: str) -> subprocess.CompletedProcess[str]:
     args = ["transport", "--sizes", "16K", "--consumers", "1", "--seconds", "0.05"]
-    args += ["--throughput-requests", "5", "--methods", "mmwire,vllm_mq,vllm_store"]
-    run = subprocess.run(
+    args += ["--throughput-requests", "5", "--methods", methods]
+    return subprocess.run(
         [str(Path(sys.executable).with_name("mmwire-bench")), "--out", str(tmp_path / "r"), *args],
         capture_output=True,
         text=True,
         timeout=300,
         check=True,
     )
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM (the peers extra)")
+def test_vllm_peers_run_without_the_warnings_vllm_makes_torch_print(tmp_path: Path) -> None:
+    run = _transport_cli(tmp_path, "mmwire,vllm_mq,vllm_store")
+    assert "deprecated" not in run.stderr, run.stderr  # torch's, in every rank importing vLLM
+    (folder,) = (tmp_path / "r").iterdir()
+    samples = json.loads((folder / "results.json").read_text())["samples"]
+    assert {s["method"] for s in samples} == {"mmwire", "vllm_mq", "vllm_store"}
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here (the peers extra)"
+)
+def test_transport_says_in_one_line_that_it_skipped_vllm_without_it(tmp_path: Path) -> None:
+    run = _transport_cli(tmp_path, "mmwire,vllm_mq,vllm_store")
     skipped = [line for line in run.stdout.splitlines() if "vLLM's peers skipped" in line]
     assert len(skipped) == 1, run.stdout
     (folder,) = (tmp_path / "r").iterdir()
