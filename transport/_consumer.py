@@ -581,8 +581,9 @@ class Consumer:
             self._flush_locked()
             self.closed = True
             # the last releases and ``Done`` get a moment to leave, so a batch finished just
-            # before closing is not reported lost; a producer that is gone costs that moment
-            self._sock.close(linger=_CLOSE_LINGER_MS)
+            # before closing is not reported lost; a producer that is gone costs that moment,
+            # one never heard from nothing (no batch came, so none is owed)
+            self._sock.close(linger=_CLOSE_LINGER_MS if self._heard else 0)
         self._ctx.term()
         if self._lane is not None:
             self._lane.close()

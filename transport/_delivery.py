@@ -85,6 +85,8 @@ class Delivery:
         self.slow_consumer_timeout = slow_consumer_timeout
         self._check_open = check_open
         self._sending: list[_Send] = []
+        self.last_start = 0.0
+        """When the last batch started out (``time.monotonic()``)."""
 
     def deliver(
         self,
@@ -108,6 +110,7 @@ class Delivery:
         """Send a batch to every joined member whose queue has room, without waiting.
         ``envs`` passed ``check_envelopes`` (the publisher's); ``frames``: the batch's own,
         already encoded."""
+        self.last_start = time.monotonic()
         shared_frames = [encode_checked(envs)] if frames is None else frames
         owners = {r for e in envs for r in e.consumers}
         request_id = envs[0].request_id
