@@ -226,6 +226,7 @@ class Consumer:
         self._batches = 0
         self._received = 0  # batches taken (lane or channel): their numbers, for ``Done``
         self._heard = False  # anything at all came from the producer
+        self._channel_in = [(self._sock, zmq.POLLIN)]
         self._opened = 0
         self._opened_bytes = 0
         self._held: collections.Counter[tuple[int, int]] = collections.Counter()
@@ -325,9 +326,14 @@ class Consumer:
                 except FrameError as e:  # a malformed packet: one batch, refused below
                     frames, broken = [], e
                 if frames is None:
-                    try:  # a batch already waiting costs no poll
-                        frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
-                    except zmq.Again:
+                    # a batch already waiting costs no wait; asking first (2 µs) costs less
+                    # than the exception an empty receive raises (10 µs), and a rank whose
+                    # batches come on its lane finds the channel empty every time
+                    frames = None
+                    if zmq.zmq_poll(self._channel_in, 0):
+                        with contextlib.suppress(zmq.Again):
+                            frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                    if frames is None:
                         if not wait_ms or not self._wait(wait_ms):
                             return None
                         continue
