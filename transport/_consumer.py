@@ -329,7 +329,6 @@ class Consumer:
                     # a batch already waiting costs no wait; asking first (2 µs) costs less
                     # than the exception an empty receive raises (10 µs), and a rank whose
                     # batches come on its lane finds the channel empty every time
-                    frames = None
                     if zmq.zmq_poll(self._channel_in, 0):
                         with contextlib.suppress(zmq.Again):
                             frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
