@@ -153,7 +153,7 @@ class Publisher:
                 raise _MustWait
             envs = self._checked_envelopes(request_id, prepared, placed)
             host = [k for k in range(len(items)) if k not in placed]
-            if self.reuse:
+            if self.reuse and any(prepared[k].digest is not None for k in host):
                 envs = self._reuse(prepared, envs, host, members, holds)
             new = [k for k in host if k not in holds.reused]
             if new:
@@ -181,9 +181,9 @@ class Publisher:
                     holds.add(h, lease.start, lease.generation)
                 envs = self._fill(lease, prepared, envs, new)
                 self.arena.publish(lease)
-                self.arena.index(
-                    lease, {envs[k].digest or "": n for n, k in enumerate(new) if envs[k].digest}
-                )
+                digests = {envs[k].digest or "": n for n, k in enumerate(new) if envs[k].digest}
+                if digests:
+                    self.arena.index(lease, digests)
             if self.transfer is not None:
                 got = stage_for_pullers(
                     self.transfer.window,
