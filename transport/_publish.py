@@ -20,7 +20,7 @@ import threading
 import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 import numpy as np
@@ -133,7 +133,7 @@ class Publisher:
                 self.transfer.window.release_all(window.lease.start, window.lease.generation)
 
         try:
-            for k, item in enumerate(items):
+            for k, item in enumerate(items if self.device.pool is not None else ()):
                 if all(members[r].shared for r in item.consumers):  # all on this host
                     placement = self.device.place(item.data, item.consumers, self._drain)
                     if placement is not None:
@@ -300,21 +300,24 @@ class Publisher:
         if any(prepared[k].cuda is not None for k in host):
             self.pin_arena()
 
-        def write(k: int) -> None:
+        def slot(k: int) -> np.ndarray[Any, Any]:
             off, n = slots[k]
-            dst = np.frombuffer(self.arena.view, dtype=np.uint8, count=n, offset=off)
-            located(f"item {k} of request {envs[k].request_id!r}", prepared[k].write_into, dst)
+            return np.frombuffer(self.arena.view, dtype=np.uint8, count=n, offset=off)
+
+        def decode(k: int) -> None:
+            where = f"item {k} of request {envs[k].request_id!r}"
+            located(where, prepared[k].write_into, slot(k))
 
         # images decode in parallel (Pillow lets go of the GIL), each straight into its slot
         decoding = [k for k in host if prepared[k].image is not None]
         if len(decoding) > 1:
-            list(self._decoders().map(write, decoding))
+            list(self._decoders().map(decode, decoding))
         else:
             for k in decoding:
-                write(k)
+                decode(k)
         for k in host:
-            if prepared[k].image is None:
-                write(k)
+            if prepared[k].image is None:  # a copy, which raises no MmwireError
+                prepared[k].write_into(slot(k))
         for k, (off, n) in slots.items():
             ref = self._ref(lease, off, n)
             digest = envs[k].digest
