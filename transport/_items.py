@@ -201,7 +201,10 @@ def check_request(request_id: object, items: object, max_items: int) -> Sequence
         raise InvalidRequest(f"`request_id` {request_id!r} is not encodable as UTF-8") from e
     if n > MAX_REQUEST_ID:
         raise InvalidRequest(f"`request_id` is {n} bytes, over {MAX_REQUEST_ID}")
-    if not isinstance(items, Sequence) or isinstance(items, (str, bytes)):
+    # a list or tuple first: the Sequence check goes through the ABC machinery
+    if not isinstance(items, (list, tuple)) and (
+        not isinstance(items, Sequence) or isinstance(items, (str, bytes))
+    ):
         raise InvalidRequest(f"`items` must be a sequence of Item, got {type(items).__name__}")
     if not items:
         raise InvalidRequest(f"request {request_id!r} has no items")
@@ -316,7 +319,7 @@ def _prepare(where: str, item: Item, max_pixels: int) -> PreparedItem:
         shape = located(where, lambda d: pixel_shape(d, alpha=alpha, max_pixels=max_pixels), data)
         return PreparedItem(item, None, "uint8", shape, spec, image=data)
     arr, dtype = located(where, lambda d: _as_array(d, where), data)
-    dims = tuple(int(d) for d in arr.shape)
+    dims: tuple[int, ...] = arr.shape  # numpy's shape is a tuple of ints
     return PreparedItem(item, arr, dtype, dims, _spec(item, dims, where))
 
 
