@@ -466,7 +466,10 @@ def run_transport(
     if any(m in VLLM for m in methods):
         why = vllm_missing()
         if why:
-            console.print(f"transport: vLLM's peers skipped (pip install '.[peers]'): {why}")
+            # not markup: rich would take "[peers]" (and brackets in the reason) for a tag
+            console.print(
+                f"transport: vLLM's peers skipped (pip install '.[peers]'): {why}", markup=False
+            )
             methods = [m for m in methods if m not in VLLM]
     samples: list[dict[str, Any]] = []
     with Progress(console=console, transient=True) as bar:
@@ -477,7 +480,7 @@ def run_transport(
             try:
                 method = make_method(name, n, max(sizes))
             except BackendUnavailable as e:  # the transfer engine is an optional extra
-                console.print(f"transport: {name} skipped: {e}")
+                console.print(f"transport: {name} skipped: {e}", markup=False)
                 bar.advance(task, len(sizes))
                 continue
             try:

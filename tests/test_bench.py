@@ -126,6 +126,7 @@ def test_transport_says_in_one_line_that_it_skipped_vllm_without_it(tmp_path: Pa
     run = _transport_cli(tmp_path, "mmwire,vllm_mq,vllm_store")
     skipped = [line for line in run.stdout.splitlines() if "vLLM's peers skipped" in line]
     assert len(skipped) == 1, run.stdout
+    assert "pip install '.[peers]'" in skipped[0]  # the extra's name, not eaten as markup
     (folder,) = (tmp_path / "r").iterdir()
     samples = json.loads((folder / "results.json").read_text())["samples"]
     assert {s["method"] for s in samples} == {"mmwire"}
