@@ -191,7 +191,7 @@ class LaneReader:
         if self.ended:
             return True
         # a rank asks before every open: a poll answers "nothing waits, not hung up" with
-        # no exception (an empty peek raises one, which cost 10 µs a call); a packet, a
+        # no exception (an empty peek raises one, which costs about 10 µs); a packet, a
         # hang-up or an error is told apart by the peek
         if not self._watch.poll(0):
             return False

@@ -133,11 +133,12 @@ class Publisher:
                 self.transfer.window.release_all(window.lease.start, window.lease.generation)
 
         try:
-            for k, item in enumerate(items if self.device.pool is not None else ()):
-                if all(members[r].shared for r in item.consumers):  # all on this host
-                    placement = self.device.place(item.data, item.consumers, self._drain)
-                    if placement is not None:
-                        placed[k] = placement
+            if self.device.pool is not None:  # CUDA tensors go to the pool
+                for k, item in enumerate(items):
+                    if all(members[r].shared for r in item.consumers):  # all on this host
+                        placement = self.device.place(item.data, item.consumers, self._drain)
+                        if placement is not None:
+                            placed[k] = placement
             prepared = [
                 prepare(
                     request_id,
@@ -322,8 +323,7 @@ class Publisher:
             ref = self._ref(lease, off, n)
             digest = envs[k].digest
             if digest is None and self._digest_written(prepared[k]):
-                written = np.frombuffer(self.arena.view, dtype=np.uint8, count=n, offset=off)
-                digest = payload_digest(prepared[k], written)
+                digest = payload_digest(prepared[k], slot(k))
             out[k] = msgspec.structs.replace(envs[k], payload=ref, digest=digest)
         return out
 
