@@ -2,7 +2,10 @@
 
 Latency = producer calls publish (the feature tensor already exists on its GPU) until the
 consumer holds a usable CUDA tensor (its stream has passed the wait and is synchronised),
-both read from ``CLOCK_MONOTONIC``, which is system-wide. Methods:
+both read from ``CLOCK_MONOTONIC``, which is system-wide. Two stages are reported beside it,
+to show where the time goes: the producer's call (``publish``, or the queue's ``put``) and
+the moment the consumer's receive returned (for ``torch_mp`` that includes rebuilding the
+tensor from its handles). Methods:
 
 * ``cuda_ipc`` / ``fabric``: mmwire device pools (one D2D copy into the pool, stream-ordered
   ready flag; the consumer's stream waits on the GPU; it acknowledges on release);
@@ -38,9 +41,10 @@ def _consumer(method: str, endpoint: str, handover: str, n: int, tq: Any, out: A
         out.put(("joined",))
         for _ in range(n):
             t = tq.get()
+            t_received = time.monotonic()
             t.view(-1)[-1:].sum()  # touch it on this process's stream
             torch.cuda.current_stream().synchronize()
-            out.put(("ready", time.monotonic(), int(t.numel())))
+            out.put(("ready", t_received, time.monotonic(), int(t.numel())))
             del t
         return
     from mmwire.transport import Consumer, GlobalIndex
@@ -52,19 +56,22 @@ def _consumer(method: str, endpoint: str, handover: str, n: int, tq: Any, out: A
     try:
         for _ in range(n):
             with c.recv(60) as b:
+                t_received = time.monotonic()
                 t = b.open_tensor(GlobalIndex(0))
                 if not t.is_cuda:
                     t = t.to("cuda", non_blocking=True)
                 t.view(-1)[-1:].sum()
                 torch.cuda.current_stream().synchronize()
-                out.put(("ready", time.monotonic(), int(t.numel())))
+                out.put(("ready", t_received, time.monotonic(), int(t.numel())))
         torch.cuda.synchronize()
         time.sleep(0.5)
     finally:
         c.close()
 
 
-def _run_method(method: str, size: int, reps: int) -> list[float]:
+def _run_method(method: str, size: int, reps: int) -> dict[str, list[float]]:
+    """Per handover: ``seconds`` until usable, ``call`` (the producer's call) and
+    ``received`` (until the consumer's receive returned), in seconds."""
     from mmwire.transport import Grid, Item, Producer
 
     src = torch.randint(0, 256, (size,), dtype=torch.uint8, device="cuda")
@@ -88,7 +95,7 @@ def _run_method(method: str, size: int, reps: int) -> list[float]:
         endpoint, handover = producer.endpoint, producer.handover_path
     proc = SPAWN.Process(target=_consumer, args=(method, endpoint, handover, reps + 2, tq, out))
     proc.start()
-    samples = []
+    samples: dict[str, list[float]] = {"seconds": [], "call": [], "received": []}
     try:
         if out.get(timeout=120)[0] != "joined":
             raise RuntimeError(f"{method}: the consumer did not join")
@@ -105,11 +112,14 @@ def _run_method(method: str, size: int, reps: int) -> list[float]:
                     f"r{i}",
                     [Item(data=feature, consumers=(0,), kind="embedding", grid=Grid((1, 1)))],
                 )
-            kind, t_ready, numel = out.get(timeout=120)
+            t_called = time.monotonic()
+            kind, t_received, t_ready, numel = out.get(timeout=120)
             if kind != "ready" or numel != size:
                 raise RuntimeError(f"{method}: consumer reported {kind} {numel}")
             if i >= 2:  # two warm-ups: imports, handle opens, first allocations
-                samples.append(t_ready - t0)
+                samples["seconds"].append(t_ready - t0)
+                samples["call"].append(t_called - t0)
+                samples["received"].append(t_received - t0)
             if producer is not None:
                 producer.poll(0)
     finally:
@@ -124,7 +134,8 @@ def _run_method(method: str, size: int, reps: int) -> list[float]:
 def render_table(rows: list[dict[str, Any]]) -> Table:
     """The p50/p99 table of a run's rows (also used to re-render a saved ``results.json``)."""
     table = Table(title="CUDA tensor, producer process -> consumer process (one GPU), p50")
-    for col in ("size", "method", "p50", "p99", "GB/s at p50", "vs torch_mp"):
+    columns = ("size", "method", "p50", "p99", "call p50", "received p50", "GB/s at p50")
+    for col in (*columns, "vs torch_mp"):
         table.add_column(col, justify="right")
     base = {r["bytes"]: percentile(r["seconds"], 50) for r in rows if r["method"] == "torch_mp"}
     for r in rows:
@@ -135,10 +146,16 @@ def render_table(rows: list[dict[str, Any]]) -> Table:
             r["method"],
             f"{p50 * 1e3:.3f} ms",
             f"{percentile(r['seconds'], 99) * 1e3:.3f} ms",
+            *(_stage(r, stage) for stage in ("call", "received")),
             f"{r['bytes'] / p50 / 1e9:.1f}",
             f"{ref / p50:.2f}x" if ref else "-",
         )
     return table
+
+
+def _stage(row: dict[str, Any], stage: str) -> str:
+    """A stage's p50 in ms (``-`` in a run saved before stages were reported)."""
+    return f"{percentile(row[stage], 50) * 1e3:.3f} ms" if row.get(stage) else "-"
 
 
 def render_plot(rows: list[dict[str, Any]]) -> Any:
@@ -169,9 +186,7 @@ def run_gpu_transport(
     for size in sizes:
         for method in methods:
             console.print(f"gpu-transport: {method} {size >> 20} MiB")
-            rows.append(
-                {"method": method, "bytes": size, "seconds": _run_method(method, size, reps)}
-            )
+            rows.append({"method": method, "bytes": size, **_run_method(method, size, reps)})
     table = render_table(rows)
     console.print(table)
     folder = write_run(
@@ -182,6 +197,8 @@ def run_gpu_transport(
             "notes": [
                 "latency: publish call until the consumer's stream is past the ready wait and "
                 "synchronised (CLOCK_MONOTONIC in both processes); one consumer process, same GPU",
+                "call: until publish (or the queue's put) returned; received: until the "
+                "consumer's receive returned (torch_mp: the tensor rebuilt from its handles)",
                 "fabric runs as posix_fd where the driver refuses FABRIC allocations",
                 "cpu: D2H into the producer's registered arena, H2D from the consumer's "
                 "registered mapping (the host fallback)",
