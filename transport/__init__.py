@@ -10,7 +10,8 @@ codec, payload references and views, for code that decodes frames itself), ``ima
 General layout: ``errors`` (the exception tree), ``_index`` (GlobalIndex/LocalIndex and
 their tables), ``_schema`` (the envelope Structs), ``_codec`` (frames <-> envelopes),
 ``_views`` (zero-copy array views), ``_pixels`` (the image input contract, with ``_arrow``
-reading Pillow's memory in place), ``_items`` (what ``publish`` accepts), ``_arena``,
+reading Pillow's memory in place), ``_items`` (what ``publish`` accepts), ``_prepare`` (an
+item made what gets copied, with its envelope), ``_arena``,
 ``_handover`` and ``_control`` (the arena, its handover, the control messages and the table
 of joined consumers), ``_producer`` and ``_consumer`` (the two ends; the GPU backends are
 options of the one producer, which is built from ``_channel``, ``_membership``,

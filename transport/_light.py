@@ -11,7 +11,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ._items import Item, PreparedItem
+from ._items import Item
+from ._prepare import PreparedItem
 from ._torch import is_tensor
 
 __all__ = ["NOW_MAX_BYTES", "heavy", "plainly_large"]

@@ -1,7 +1,7 @@
 """One request's way from ``Producer.publish`` to its members.
 
-1. Check the whole request (``_items.py``) and the envelopes a consumer would accept,
-   before anything is allocated.
+1. Check the whole request (``_items.py``, ``_prepare.py``) and the envelopes a consumer
+   would accept, before anything is allocated.
 2. Place CUDA tensors whose consumers are all on this host in the device pool.
 3. Point items whose payloads are resident in the arena at them (``reuse``).
 4. Allocate one arena lease for the rest (waiting up to ``full_timeout`` for releases,
@@ -30,11 +30,12 @@ from ._codec import Limits, check_envelopes, encode_batch
 from ._control import Member
 from ._delivery import Delivery, Staged, raise_if_lost
 from ._gpu import ProducerDevice
-from ._items import Item, PreparedItem, envelope, located, payload_digest, prepare
+from ._items import Item
 from ._light import heavy, plainly_large
 from ._membership import Roster
 from ._mooncake import TransferSource
 from ._pinning import pin_host, unpin_host
+from ._prepare import PreparedItem, envelope, located, payload_digest, prepare
 from ._schema import CpuRef, CudaIpcRef, FabricRef, FeatureEnvelope, InlineRef
 from ._staging import Holds, stage_for_pullers
 from .errors import ArenaFull, BackendUnavailable, PeerGone

@@ -17,7 +17,7 @@ from ._arena import Arena
 from ._control import Member
 from ._delivery import Holds as HoldsByMember
 from ._delivery import Staged
-from ._items import PreparedItem, payload_digest
+from ._prepare import PreparedItem, payload_digest
 from ._schema import CpuRef, FeatureEnvelope
 
 __all__ = ["Holds", "stage_for_pullers"]
