@@ -1,5 +1,6 @@
 """The packages' import graph: no private imports across packages, no cycles, and the
-layers transport <- kernels <- materialize <- bench (kernels never imports materialize)."""
+layers transport <- kernels <- materialize <- bench (kernels never imports materialize),
+and the producer built from modules of one job each that never import the consumer side."""
 
 from __future__ import annotations
 
@@ -85,6 +86,47 @@ def test_no_module_import_cycles() -> None:
     for m in modules:
         if m not in state:
             visit(m, [m])
+
+
+def _reached(module: str) -> set[str]:
+    """Every module of the packages that ``module`` imports, directly or through others."""
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        for t in GRAPH[todo.pop()]:
+            if t in GRAPH and t.count(".") != 1 and t not in seen:
+                seen.add(t)
+                todo.append(t)
+    return seen
+
+
+# the producer's own modules, one job each: what it is built from, what its publish runs
+PRODUCER_MODULES = (
+    "_producer",
+    "_channel",
+    "_membership",
+    "_control_loop",
+    "_publish",
+    "_delivery",
+    "_items",
+    "_prepare",
+    "_staging",
+    "_light",
+)
+
+
+def test_the_producer_side_never_imports_the_consumer_side() -> None:
+    reached = _reached("mmwire.transport._producer")
+    assert {f"mmwire.transport.{m}" for m in PRODUCER_MODULES} <= reached | {
+        "mmwire.transport._producer"
+    }
+    assert not reached & {"mmwire.transport._consumer", "mmwire.transport._group"}
+
+
+@pytest.mark.parametrize("module", PRODUCER_MODULES)
+def test_each_producer_module_reads_in_one_sitting(module: str) -> None:
+    lines = len((ROOT / "transport" / f"{module}.py").read_text().splitlines())
+    assert lines <= 420, f"transport/{module}.py has {lines} lines: split it by job"
 
 
 @pytest.mark.parametrize("old", ["CpuProducer", "CpuConsumer"])
