@@ -14,7 +14,11 @@ tensor from its handles). Methods:
   the consumer uploads it from its registered mapping, both by DMA;
 * ``torch_mp``: ``torch.multiprocessing`` queue with CUDA tensor sharing (cudaIpcMemHandle
   of the allocator block, pickled; the consumer opens it, cached per block), the way
-  engines that pass CUDA tensors between processes do it.
+  engines that pass CUDA tensors between processes do it;
+* ``floor``: no handover at all: one byte through a pipe, then the consumer touches and
+  synchronises a tensor it allocated itself. What every method pays on top of moving the
+  tensor: a wake-up and the consumer's first GPU work after the producer's (two processes
+  take turns on one GPU).
 """
 
 from __future__ import annotations
@@ -31,12 +35,24 @@ from rich.table import Table
 from ._report import bar_plot, percentile, write_run
 
 SPAWN = mp.get_context("spawn")
-METHODS = ("cuda_ipc", "fabric", "cpu", "torch_mp")
+METHODS = ("cuda_ipc", "fabric", "cpu", "torch_mp", "floor")
 
 
-def _consumer(method: str, endpoint: str, handover: str, n: int, tq: Any, out: Any) -> None:
+def _consumer(
+    method: str, endpoint: str, handover: str, n: int, tq: Any, out: Any, size: int
+) -> None:
     """Receive ``n`` tensors; report the monotonic time each became usable on this GPU."""
     torch.cuda.init()  # type: ignore[no-untyped-call]
+    if method == "floor":  # ``tq``: the pipe's reading end
+        mine = torch.zeros(size, dtype=torch.uint8, device="cuda")
+        out.put(("joined",))
+        for _ in range(n):
+            tq.recv_bytes()
+            t_received = time.monotonic()
+            mine.view(-1)[-1:].sum()
+            torch.cuda.current_stream().synchronize()
+            out.put(("ready", t_received, time.monotonic(), int(mine.numel())))
+        return
     if method == "torch_mp":
         out.put(("joined",))
         for _ in range(n):
@@ -78,11 +94,13 @@ def _run_method(method: str, size: int, reps: int) -> dict[str, list[float]]:
     out: Any = SPAWN.Queue()
     tq: Any = None
     producer = None
-    if method == "torch_mp":
+    endpoint = handover = ""
+    if method == "floor":
+        tq, wake = SPAWN.Pipe(duplex=False)
+    elif method == "torch_mp":
         import torch.multiprocessing as tmp
 
         tq = tmp.get_context("spawn").Queue()
-        endpoint = handover = ""
     else:
         pool = "none" if method == "cpu" else method
         producer = Producer(
@@ -93,7 +111,9 @@ def _run_method(method: str, size: int, reps: int) -> dict[str, list[float]]:
             on_pool_full="wait",
         )
         endpoint, handover = producer.endpoint, producer.handover_path
-    proc = SPAWN.Process(target=_consumer, args=(method, endpoint, handover, reps + 2, tq, out))
+    proc = SPAWN.Process(
+        target=_consumer, args=(method, endpoint, handover, reps + 2, tq, out, size)
+    )
     proc.start()
     samples: dict[str, list[float]] = {"seconds": [], "call": [], "received": []}
     try:
@@ -105,7 +125,9 @@ def _run_method(method: str, size: int, reps: int) -> dict[str, list[float]]:
             feature = src.clone()  # the encoder's fresh output of this request
             torch.cuda.synchronize()
             t0 = time.monotonic()
-            if producer is None:
+            if method == "floor":
+                wake.send_bytes(b"\0")
+            elif producer is None:
                 tq.put(feature)
             else:
                 producer.publish(
@@ -172,7 +194,7 @@ def render_plot(rows: list[dict[str, Any]]) -> Any:
 
 def run_gpu_transport(
     sizes: list[int] | None = None,
-    reps: int = 20,
+    reps: int = 50,
     methods: tuple[str, ...] = METHODS,
     out_dir: Path | None = None,
     console: Console | None = None,
@@ -202,6 +224,8 @@ def run_gpu_transport(
                 "fabric runs as posix_fd where the driver refuses FABRIC allocations",
                 "cpu: D2H into the producer's registered arena, H2D from the consumer's "
                 "registered mapping (the host fallback)",
+                "floor: one byte through a pipe, then the same touch and synchronise on a tensor "
+                "the consumer holds already: what every method pays beside the handover",
                 "vs torch_mp > 1 means faster than torch.multiprocessing CUDA sharing",
             ],
         },
