@@ -11,15 +11,14 @@ General layout: ``errors`` (the exception tree), ``_index`` (GlobalIndex/LocalIn
 their tables), ``_schema`` (the envelope Structs), ``_codec`` (frames <-> envelopes),
 ``_views`` (zero-copy array views), ``_pixels`` (the image input contract, with ``_arrow``
 reading Pillow's memory in place), ``_items`` (what ``publish`` accepts), ``_prepare`` (an
-item made what gets copied, with its envelope), ``_arena``,
-``_handover`` and ``_control`` (the arena, its handover, the control messages and the table
-of joined consumers), ``_producer`` and ``_consumer`` (the two ends; the GPU backends are
-options of the one producer, which is built from ``_channel``, ``_membership``,
-``_control_loop``, ``_publish`` and ``_delivery``), ``_address`` (where a producer is),
-``_group`` (one rank's consumers of several producers), ``_aio`` (the asyncio ends),
-``_cuda``, ``_device_pool`` and ``_gpu`` (the GPU backends' pools behind the same API),
-``_select`` (what ``device_pool="auto"`` picks). Every public name is exported from one
-place only.
+item made what gets copied, with its envelope), ``_arena``, ``_handover`` and ``_control``
+(the arena, its handover, the control messages and the table of joined consumers),
+``_producer`` and ``_consumer`` (the two ends; the GPU backends are options of the one
+producer, which is built from ``_channel``, ``_membership``, ``_control_loop``, ``_publish``
+and ``_delivery``), ``_address`` (where a producer is), ``_group`` (one rank's consumers of
+several producers), ``_aio`` (the asyncio ends), ``_cuda``, ``_device_pool`` and ``_gpu``
+(the GPU backends' pools behind the same API), ``_select`` (what ``device_pool="auto"``
+picks). Every public name is exported from one place only.
 """
 
 from . import errors as errors
