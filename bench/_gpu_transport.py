@@ -38,6 +38,13 @@ SPAWN = mp.get_context("spawn")
 METHODS = ("cuda_ipc", "fabric", "cpu", "torch_mp", "floor")
 
 
+def _touch_and_report(t: torch.Tensor, t_received: float, out: Any) -> None:
+    """Touch ``t`` on this process's stream, synchronise, and report when it was usable."""
+    t.view(-1)[-1:].sum()
+    torch.cuda.current_stream().synchronize()
+    out.put(("ready", t_received, time.monotonic(), int(t.numel())))
+
+
 def _consumer(
     method: str, endpoint: str, handover: str, n: int, tq: Any, out: Any, size: int
 ) -> None:
@@ -48,19 +55,13 @@ def _consumer(
         out.put(("joined",))
         for _ in range(n):
             tq.recv_bytes()
-            t_received = time.monotonic()
-            mine.view(-1)[-1:].sum()
-            torch.cuda.current_stream().synchronize()
-            out.put(("ready", t_received, time.monotonic(), int(mine.numel())))
+            _touch_and_report(mine, time.monotonic(), out)
         return
     if method == "torch_mp":
         out.put(("joined",))
         for _ in range(n):
             t = tq.get()
-            t_received = time.monotonic()
-            t.view(-1)[-1:].sum()  # touch it on this process's stream
-            torch.cuda.current_stream().synchronize()
-            out.put(("ready", t_received, time.monotonic(), int(t.numel())))
+            _touch_and_report(t, time.monotonic(), out)
             del t
         return
     from mmwire.transport import Consumer, GlobalIndex
@@ -76,9 +77,7 @@ def _consumer(
                 t = b.open_tensor(GlobalIndex(0))
                 if not t.is_cuda:
                     t = t.to("cuda", non_blocking=True)
-                t.view(-1)[-1:].sum()
-                torch.cuda.current_stream().synchronize()
-                out.put(("ready", t_received, time.monotonic(), int(t.numel())))
+                _touch_and_report(t, t_received, out)
         torch.cuda.synchronize()
         time.sleep(0.5)
     finally:
