@@ -7,12 +7,15 @@ that a lane closing at the rank's end is a rank leaving, not a loss.
 
 from __future__ import annotations
 
+import asyncio
+import socket
 import struct
+import time
 
 import numpy as np
 import pytest
 from helpers import settle
-from mmwire.transport import Consumer, GlobalIndex, Grid, Item, Producer
+from mmwire.transport import AsyncConsumer, Consumer, GlobalIndex, Grid, Item, Producer
 from mmwire.transport.errors import FrameError, MalformedEnvelope, PeerGone
 from mmwire.transport.wire import CpuRef, InlineRef
 
@@ -123,3 +126,61 @@ def test_a_rank_that_closes_its_lane_is_missed_and_ends_without_a_loss() -> None
         c0.close()
         c1.close()
         p.close()
+
+
+def test_releases_a_full_lane_refused_leave_once_it_drains_without_another_call() -> None:
+    """A rank gives back a burst of batches while the producer reads nothing, more releases
+    than its end of the lane holds, and then stops calling in: what the lane refused leaves
+    as soon as the producer reads again, and every lease comes back."""
+    n = 200
+    p = Producer(arena_size=1 << 24, max_backlog=n + 10)
+    c = Consumer(0, p.endpoint, handover=p.handover_path, max_backlog=n + 10)
+    try:
+        p.wait_for_consumers([0], 10)
+        assert c._lane is not None
+        c._lane.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # a few packets
+        for i in range(n):
+            p.publish(f"r{i}", [_item(1024, i % 256)])
+        batches = [c.recv(5) for _ in range(n)]
+        with p._lock:  # the producer's threads serve nothing meanwhile
+            for batch in batches:
+                batch.release()  # never blocks
+            assert c._unsent, "the lane took every release: the burst did not fill it"
+        assert settle(p, lambda: p.statistics().arena.leases_outstanding == 0)
+        assert not c._unsent
+    finally:
+        c.close()
+        p.close()
+
+
+def test_under_an_event_loop_the_loop_sends_what_a_full_lane_refused() -> None:
+    """The same burst from an ``AsyncConsumer``: its loop owns the sockets, so the helper
+    hands the sending to the loop, which keeps running other work meanwhile."""
+    n = 200
+
+    async def main() -> None:
+        p = Producer(arena_size=1 << 24, max_backlog=n + 10)
+        c = AsyncConsumer(0, p.address, max_backlog=n + 10)
+        try:
+            p.wait_for_consumers([0], 10)
+            (member,) = c.group.members
+            assert member._lane is not None
+            member._lane.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+            for i in range(n):
+                p.publish(f"r{i}", [_item(1024, i % 256)])
+            batches = [await c.recv(5) for _ in range(n)]
+            with p._lock:
+                for batch in batches:
+                    batch.release()
+                assert member._unsent, "the lane took every release: the burst did not fill it"
+            deadline = time.monotonic() + 20
+            while p.statistics().arena.leases_outstanding and time.monotonic() < deadline:
+                p.poll(0)
+                await asyncio.sleep(0.01)  # the loop runs: the helper's sends are its work
+            assert p.statistics().arena.leases_outstanding == 0
+            assert not member._unsent
+        finally:
+            c.close()
+            p.close()
+
+    asyncio.run(main())

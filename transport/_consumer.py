@@ -213,6 +213,8 @@ class Consumer:
         self._unsent: collections.deque[bytes] = collections.deque()
         self._sock_lock = threading.Lock()
         self._state_lock = threading.Lock()
+        self._flusher: threading.Thread | None = None  # sends what a full lane refused
+        self._flusher_lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         join = Join(
             rank=rank,
@@ -539,6 +541,7 @@ class Consumer:
                 if lane is None:
                     self._sock.send(self._unsent[0], zmq.NOBLOCK)
                 elif not lane.send(self._unsent[0]):
+                    self._flush_when_lane_takes()
                     return
             except zmq.Again:
                 return
@@ -546,6 +549,48 @@ class Consumer:
                 self._unsent.clear()
                 return
             self._unsent.popleft()
+
+    def _flush_when_lane_takes(self) -> None:
+        """Have a helper thread send the releases a full lane refused once it takes them
+        again, so a rank that gives back a burst and then stops calling in does not keep
+        the leases it released (its next call would send them, but it may not come)."""
+        with self._flusher_lock:
+            if self._flusher is None:
+                self._flusher = threading.Thread(
+                    target=self._flush_as_lane_drains,
+                    name=f"mmwire-releases-{self.rank}",
+                    daemon=True,
+                )
+                self._flusher.start()
+
+    def _flush_as_lane_drains(self) -> None:
+        lane = self._lane
+        if lane is None:
+            return
+        writable = select.poll()
+        writable.register(lane.fileno(), select.POLLOUT)
+        while True:
+            with contextlib.suppress(OSError, ValueError):
+                writable.poll(_SLICE_MS)  # until the producer has read some of the lane
+            loop = self._loop
+            if loop is not None:  # the loop owns the sockets: it sends, this thread waits
+                sent = threading.Event()
+                with contextlib.suppress(RuntimeError):  # the loop has closed
+                    loop.call_soon_threadsafe(self._flush_then_set, sent)
+                sent.wait(_SLICE_MS / 1e3)
+            elif self._sock_lock.acquire(timeout=_SLICE_MS / 1e3):
+                try:  # (a receive holding the lock flushes first thing on its next turn)
+                    self._flush_locked()
+                finally:
+                    self._sock_lock.release()
+            with self._flusher_lock:
+                if self.closed or not self._unsent or (loop is not None and loop.is_closed()):
+                    self._flusher = None
+                    return
+
+    def _flush_then_set(self, sent: threading.Event) -> None:
+        self._flush()
+        sent.set()
 
     def register_with_cuda(self) -> None:
         """Pin the arena mapping with ``cudaHostRegister`` once, for pinned-speed H2D copies.
