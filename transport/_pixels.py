@@ -42,7 +42,7 @@ import contextlib
 import io
 import warnings
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import Any, Literal, final
 
 import msgspec
 import numpy as np
@@ -57,6 +57,7 @@ __all__ = [
     "MAX_IMAGE_PIXELS",
     "SUPPORTED_MODES",
     "AlphaRule",
+    "ImageHeader",
     "encoded_image",
     "image_size",
     "keeps_alpha",
@@ -66,6 +67,7 @@ __all__ = [
 ]
 
 AlphaRule = Literal["keep", "white"]
+Shape = tuple[int, int, int]
 
 SUPPORTED_MODES = frozenset(
     {"1", "L", "LA", "La", "P", "PA", "RGB", "RGBA", "RGBa", "RGBX", "CMYK", "YCbCr", "LAB", "HSV"}
@@ -140,15 +142,7 @@ def encoded_image(
     ``ENCODED_FORMATS`` (decode those before shipping). Refuses what :func:`to_pixels`
     would refuse before decoding: bytes that are no image, a mode it does not take, a size
     past ``max_pixels``."""
-    with _opened(data) as im:
-        height, width, channels = _pil_shape(im, max_pixels, alpha)
-        fmt = im.format
-        if fmt not in ENCODED_FORMATS:
-            return None
-        return msgspec.convert(
-            {"format": fmt, "width": width, "height": height, "channels": channels},
-            EncodedImage,
-        )
+    return ImageHeader(data).encoded(max_pixels=max_pixels, alpha=alpha)
 
 
 def pixel_shape(
@@ -157,8 +151,7 @@ def pixel_shape(
     """The ``(H, W, C)`` :func:`to_pixels` would return, without decoding any pixels
     (encoded bytes: from the header), refusing what it would refuse before decoding."""
     if isinstance(image, (bytes, bytearray, memoryview)):
-        with _opened(image) as im:
-            return _pil_shape(im, max_pixels, alpha)
+        return ImageHeader(image).shape(max_pixels=max_pixels, alpha=alpha)
     if isinstance(image, Image.Image):
         return _pil_shape(image, max_pixels, alpha)
     arr = _array(image)
@@ -190,13 +183,49 @@ def pixels_into(
     np.copyto(out, arr)
 
 
+@final
+class ImageHeader:
+    """Encoded bytes' header, read once (no pixel decoded): what :func:`image_size`,
+    :func:`encoded_image` and :func:`pixel_shape` say of them, without opening the file
+    again for each. Opening is most of their cost (Pillow parses a JPEG's markers in
+    Python: about 100 µs), and a publish needs all three. Raises as they do when the bytes
+    are no image or a JPEG's body is refused."""
+
+    def __init__(self, data: bytes | bytearray | memoryview) -> None:
+        with _opened(data) as im:
+            # closed when this block ends: its mode, size, info and format stay readable
+            self._image = im
+        _check_size(im.width, im.height, max_pixels=im.width * im.height)  # empty
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """``(width, height)``, as the header declares them."""
+        return self._image.width, self._image.height
+
+    def shape(self, *, max_pixels: int = _DEFAULT_MAX_PIXELS, alpha: AlphaRule = "keep") -> Shape:
+        """:func:`pixel_shape` of these bytes."""
+        return _pil_shape(self._image, max_pixels, alpha)
+
+    def encoded(
+        self, *, max_pixels: int = _DEFAULT_MAX_PIXELS, alpha: AlphaRule = "keep"
+    ) -> EncodedImage | None:
+        """:func:`encoded_image` of these bytes."""
+        height, width, channels = _pil_shape(self._image, max_pixels, alpha)
+        fmt = self._image.format
+        if fmt not in ENCODED_FORMATS:
+            return None
+        return msgspec.convert(
+            {"format": fmt, "width": width, "height": height, "channels": channels},
+            EncodedImage,
+        )
+
+
 def image_size(image: Any) -> tuple[int, int]:
     """``(width, height)`` of what :func:`to_pixels` takes, without decoding any pixels
     (encoded bytes: from the header). Refuses what it would refuse for its type, shape or
     emptiness."""
     if isinstance(image, (bytes, bytearray, memoryview)):
-        with _opened(image) as im:
-            width, height = im.width, im.height
+        width, height = ImageHeader(image).size
     elif isinstance(image, Image.Image):
         width, height = image.width, image.height
     else:

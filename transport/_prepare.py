@@ -20,7 +20,7 @@ from ._index import GlobalIndex
 from ._items import Item
 from ._pixels import (
     MAX_IMAGE_PIXELS,
-    encoded_image,
+    ImageHeader,
     image_size,
     pixel_shape,
     pixels_into,
@@ -185,15 +185,15 @@ def _prepare(where: str, item: Item, max_pixels: int) -> PreparedItem:
         raise InvalidRequest(f"{where}: an encoded item takes the encoded bytes, undecoded")
     if item.kind in ("raw", "encoded"):
         # the spec first, from the size alone: its processor says how to treat alpha; then
-        # the header (encoded bytes ship as they are) or the pixels' shape (decoded later,
-        # straight into the arena)
-        width, height = located(where, image_size, data)
+        # the container (encoded bytes ship as they are) or the pixels' shape (decoded
+        # later, straight into the arena). Bytes' header is read once for all three.
+        encoded = isinstance(data, (bytes, bytearray, memoryview))
+        header = located(where, ImageHeader, data) if encoded else None
+        width, height = located(where, image_size, data) if header is None else header.size
         spec = _spec(item, (height, width), where)
         alpha = spec.alpha if spec is not None else "keep"
-        if isinstance(data, (bytes, bytearray, memoryview)) and not item.decode:
-            enc = located(
-                where, lambda d: encoded_image(d, alpha=alpha, max_pixels=max_pixels), data
-            )
+        if header is not None and not item.decode:
+            enc = located(where, lambda h: h.encoded(alpha=alpha, max_pixels=max_pixels), header)
             if enc is not None:
                 buf = data if isinstance(data, (bytes, bytearray)) else bytes(data)
                 raw = np.frombuffer(buf, np.uint8)
@@ -202,7 +202,12 @@ def _prepare(where: str, item: Item, max_pixels: int) -> PreparedItem:
                 raise InvalidRequest(
                     f"{where}: an encoded item must be one of {sorted(ENCODED_FORMATS)}"
                 )
-        shape = located(where, lambda d: pixel_shape(d, alpha=alpha, max_pixels=max_pixels), data)
+        if header is not None:
+            shape = located(where, lambda h: h.shape(alpha=alpha, max_pixels=max_pixels), header)
+        else:
+            shape = located(
+                where, lambda d: pixel_shape(d, alpha=alpha, max_pixels=max_pixels), data
+            )
         return PreparedItem(item, None, "uint8", shape, spec, image=data)
     arr, dtype = located(where, lambda d: _as_array(d, where), data)
     dims: tuple[int, ...] = arr.shape  # numpy's shape is a tuple of ints
