@@ -56,16 +56,18 @@ def test_the_loop_keeps_running_while_an_async_rank_waits_and_a_frontend_publish
             AsyncConsumer(0, ap.address) as c,
         ):
             await ap.wait_for_consumers([0], 10)
+            # made before the ticker starts: making them on the loop is the test's own stall
+            big = np.random.default_rng(1).integers(0, 256, (3000, 4000, 3), np.uint8)
+            images = [big, big[::-1].copy(), big]
             tick = asyncio.create_task(ticker())
             with pytest.raises(TimeoutError):
                 await c.recv(0.5)  # a sync recv here froze the loop for 0.5 s
-            big = np.random.default_rng(1).integers(0, 256, (3000, 4000, 3), np.uint8)
             got = []
-            for i in range(3):  # 36 MB each: copied and hashed on the worker thread
-                await ap.publish(f"r{i}", [_item(big if i != 1 else big[::-1].copy())])
+            for i, image in enumerate(images):  # 36 MB each: copied and hashed on the worker
+                await ap.publish(f"r{i}", [_item(image)])
                 async with c.recv(10) as batch:
                     got.append(batch.envelopes[GlobalIndex(0)].request_id)
-                    assert np.array_equal(batch.open(GlobalIndex(0)), big if i != 1 else big[::-1])
+                    assert np.array_equal(batch.open(GlobalIndex(0)), image)
             stop.set()
             await tick
             assert settle(ap.producer, lambda: ap.statistics().arena.leases_outstanding == 0)
