@@ -18,8 +18,11 @@ import numpy as np
 import pytest
 import torch
 from conftest import photo_path
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from mmwire.materialize import FAMILIES, K3_BACKGROUND, KimiConfig, Materializer, preprocess_images
 from mmwire.transport import Consumer, EncodedImage, IndexMap, Item, Producer
+from mmwire.transport._pixels import _check_jpeg_body
 from mmwire.transport.errors import (
     ConfigurationError,
     GridMismatch,
@@ -380,3 +383,37 @@ def test_gpu_decode_is_approximate_and_only_takes_rgb_and_gray_jpegs() -> None:
         else:  # CMYK JPEGs and every other format stay with Pillow: exact
             assert torch.equal(got, want), name
     assert not torch.equal(exact, approx)  # the GPU decoded something
+
+
+def _byte_search_verdict(raw: bytes) -> str | None:
+    """The JPEG body rule stated with byte searches (slow, plain): too many scans, or no end
+    of image at or after the last start of scan."""
+    if raw.count(b"\xff\xda") > 100:
+        return "scans"
+    if raw.find(b"\xff\xd9", max(raw.rfind(b"\xff\xda"), 0)) < 0:
+        return "truncated"
+    return None
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.binary(max_size=6),
+            st.sampled_from([b"\xff", b"\xff\xda", b"\xff\xd9", b"\xff\xff", b"\xda", b"\xd9"]),
+        ),
+        max_size=60,
+    ),
+    st.integers(0, 120),
+)
+def test_the_jpeg_body_check_finds_the_markers_the_byte_search_finds(
+    parts: list[bytes], extra_scans: int
+) -> None:
+    raw = b"".join(parts) + b"\xff\xda" * (extra_scans if extra_scans > 95 else 0)
+    want = _byte_search_verdict(raw)
+    try:
+        _check_jpeg_body(raw)
+        got = None
+    except ImageDecodeError as e:
+        got = "scans" if "scans" in str(e) else "truncated"
+    assert got == want, raw

@@ -336,13 +336,21 @@ def _pil_into(
 def _check_jpeg_body(raw: bytes) -> None:
     """``ImageDecodeError`` for a JPEG with more scans than ``_MAX_JPEG_SCANS`` or whose last
     scan never ends. Entropy-coded data never holds ``FF DA`` (start of scan) or ``FF D9``
-    (end of image): a 0xFF there is followed by 0x00 or a restart marker."""
-    scans = raw.count(b"\xff\xda")
-    if scans > _MAX_JPEG_SCANS:
+    (end of image): a 0xFF there is followed by 0x00 or a restart marker.
+
+    The markers are found from the 0xFF bytes, with numpy: ``bytes.count`` and ``find`` of a
+    two-byte marker ran at about 1 GB/s, 1.1 ms for a 356 KiB photo (more than blake3 takes
+    to hash it)."""
+    body = np.frombuffer(raw, np.uint8)
+    at = np.flatnonzero(body[:-1] == 0xFF)
+    follows = body[at + 1]
+    starts = at[follows == 0xDA]
+    if len(starts) > _MAX_JPEG_SCANS:
         raise ImageDecodeError(
-            f"the JPEG has {scans} scans, over {_MAX_JPEG_SCANS}: no encoder writes that many"
+            f"the JPEG has {len(starts)} scans, over {_MAX_JPEG_SCANS}: no encoder writes that many"
         )
-    if raw.find(b"\xff\xd9", max(raw.rfind(b"\xff\xda"), 0)) < 0:
+    last = int(starts[-1]) if len(starts) else 0
+    if not np.any(at[follows == 0xD9] >= last):
         raise ImageDecodeError("the JPEG is truncated: its last scan has no end of image")
 
 
