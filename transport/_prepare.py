@@ -187,8 +187,8 @@ def _prepare(where: str, item: Item, max_pixels: int) -> PreparedItem:
         # the spec first, from the size alone: its processor says how to treat alpha; then
         # the container (encoded bytes ship as they are) or the pixels' shape (decoded
         # later, straight into the arena). Bytes' header is read once for all three.
-        encoded = isinstance(data, (bytes, bytearray, memoryview))
-        header = located(where, ImageHeader, data) if encoded else None
+        as_bytes = isinstance(data, (bytes, bytearray, memoryview))
+        header = located(where, ImageHeader, data) if as_bytes else None
         width, height = located(where, image_size, data) if header is None else header.size
         spec = _spec(item, (height, width), where)
         alpha = spec.alpha if spec is not None else "keep"
