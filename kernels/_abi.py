@@ -27,11 +27,13 @@ __all__ = [
     "NORM_VALUES",
     "RECORD_FIELDS",
     "RECORD_FLAGS",
+    "TILE_MMA_KS",
     "UNIT_BYTES",
     "WIDE_UNIT_BYTES",
     "Kind",
     "OutputLayout",
     "compile_options",
+    "mma_steps",
 ]
 
 FIELDS: tuple[str, ...] = (
@@ -106,7 +108,8 @@ fragments, and ``R_PLAIN`` its only flag; its ``R_SRC_*`` is its first pixel and
 ``R_USED_*`` the part of it inside the image."""
 
 RECORD_FLAGS: dict[str, int] = {
-    "R_TWO_STEPS": 1,  # some used wide M-block takes MMA_KS 32-input steps
+    "R_TWO_STEPS": 1,  # some used wide M-block takes more than one 32-input step
+    "R_THREE_STEPS": 128,  # some used wide M-block takes three (modules of TILE_MMA_KS only)
     "R_V_FIRST": 2,  # Pillow resizes this image vertically first
     "R_WHOLE": 4,  # the window's rows start on a word and its groups lie in the image
     "R_RAW": 8,  # gray or RGB passed horizontally first, rows on a word: staged as bytes
@@ -138,6 +141,11 @@ NORM_MODES: dict[str, int] = {"NORM_TABLE": 0, "NORM_BF16": 1, "NORM_F16": 2}
 MMA_KS = 2
 """The most 32-input steps one MMA block of 16 outputs may read (downscales to about 0.35
 of a side); an image needing more takes the general kernel."""
+TILE_MMA_KS = 3
+"""``MMA_KS`` of the modules whose rows are whole tiles (``mma_steps``): Gemma 3 and
+InternVL bring large photos down to 896 or 448 pixels a side, where a 16-output block reads
+about 80 inputs, which two steps cannot reach. Three steps cost those modules more registers; the
+others are compiled as before."""
 MMA_MAX_BLOCKS = 16
 """The most 16-output blocks along one side of an MMA tile."""
 MMA_GROUP_SHIFT = 16
@@ -188,6 +196,13 @@ def _enum(names: tuple[str, ...] | list[str]) -> str:
     return "".join(f"MMWIRE_ENUM({name})" for name in names)
 
 
+def mma_steps(layout: OutputLayout) -> int:
+    """The most 32-input steps of one MMA block in a module of ``layout``: ``TILE_MMA_KS``
+    where its rows are whole tiles, else ``MMA_KS`` (the fragment tables the host lays out
+    for a launch and the module's ``MMA_KS`` must agree)."""
+    return TILE_MMA_KS if layout.tile_w else MMA_KS
+
+
 def compile_options(patch: int = 0, layout: OutputLayout = KIMI_LAYOUT) -> tuple[str, ...]:
     """The ``-D`` flags every build of the kernels takes: the values above, the patch size a
     module is compiled for (0: any, taken as an argument) and its output layout."""
@@ -200,7 +215,7 @@ def compile_options(patch: int = 0, layout: OutputLayout = KIMI_LAYOUT) -> tuple
         "NORM_HEADER": str(NORM_HEADER),
         "NORM_STRIDE": str(NORM_STRIDE),
         **{name: str(mode) for name, mode in NORM_MODES.items()},
-        "MMA_KS": str(MMA_KS),
+        "MMA_KS": str(mma_steps(layout)),
         "MMA_MAX_BLOCKS": str(MMA_MAX_BLOCKS),
         "MMA_GROUP_SHIFT": str(MMA_GROUP_SHIFT),
         "FUSED_THREADS": str(FUSED_THREADS),

@@ -24,6 +24,8 @@ from ._abi import (
     RECORD_FIELDS,
     RECORD_FLAGS,
     Kind,
+    OutputLayout,
+    mma_steps,
 )
 from .reference import Filter, coefficients, pass_order
 
@@ -45,9 +47,18 @@ __all__ = [
 
 _F = {name: i for i, name in enumerate(FIELDS)}
 _R = {name: i for i, name in enumerate(RECORD_FIELDS)}
-_TWO_STEPS, _V_FIRST, _WHOLE, _RAW, _PLAIN, _X_NARROW, _Y_NARROW = (
+_TWO_STEPS, _THREE_STEPS, _V_FIRST, _WHOLE, _RAW, _PLAIN, _X_NARROW, _Y_NARROW = (
     RECORD_FLAGS[f"R_{name}"]
-    for name in ("TWO_STEPS", "V_FIRST", "WHOLE", "RAW", "PLAIN", "X_NARROW", "Y_NARROW")
+    for name in (
+        "TWO_STEPS",
+        "THREE_STEPS",
+        "V_FIRST",
+        "WHOLE",
+        "RAW",
+        "PLAIN",
+        "X_NARROW",
+        "Y_NARROW",
+    )
 )
 _NONE, _HORIZONTAL, _VERTICAL = 0, 1, 2
 _SOLID = {"white": 255, "gray": 128, "black": 0}
@@ -278,7 +289,7 @@ def _mma_tile_for(
         narrowest = -(-a // MMA_TILE_TALL)
         for b in range(narrowest, min(job.grid_w, int(MMA_TILE_WIDE * a), most) + 1):
             m = measure((a, b))
-            if m is None:  # a block past MMA_KS steps: another width may fit
+            if m is None:  # a block past the module's steps: another width may fit
                 continue
             if m[0] > budget:
                 break
@@ -365,15 +376,44 @@ def _narrow(in_size: int, out_size: int, tile: int, tiles: int, filter: Filter =
     return MMA_NARROW and _narrow_fits(in_size, out_size, tile, tiles, filter)
 
 
-def _mma_raw(job: ImageJob, v_first: bool, src_offset: int) -> bool:
+@lru_cache(maxsize=1024)
+def _block_steps_bound(in_size: int, out_size: int, filter: Filter) -> int:
+    """The most 32-input steps of any 16 consecutive outputs of an axis: at least those of
+    every M-block of any tiling (a tile's blocks are 16 consecutive outputs, or fewer)."""
+    c = coefficients(in_size, out_size, filter)
+    first = np.arange(out_size)
+    last = np.minimum(first + 15, out_size - 1)
+    return int(((c.xmin[last] + c.n[last] - (c.xmin[first] & ~3) + 31) >> 5).max())
+
+
+def _mma_raw(job: ImageJob, v_first: bool, src_offset: int, most_steps: int = MMA_KS) -> bool:
     """Whether an MMA image's windows may be staged raw (``R_RAW``: the source's bytes as
     they are, each row from its first byte's 16-byte granule): gray or RGB passed
     horizontally first, whose rows start on a word in the source (``preprocess_packed``
-    copies a source that does not itself start on one)."""
-    return job.ch in (1, 3) and not v_first and (src_offset | job.pitch) % 4 == 0
+    copies a source that does not itself start on one); in a module of three steps
+    (``most_steps``), RGB only where no block takes three (the raw RGB pass does not: its
+    three channels' products would spill registers)."""
+    return (
+        job.ch in (1, 3)
+        and not v_first
+        and (src_offset | job.pitch) % 4 == 0
+        and (
+            job.ch == 1
+            or most_steps <= 2
+            or max(
+                _block_steps_bound(job.in_w, job.out_w, job.filter),
+                _block_steps_bound(job.in_h, job.out_h, job.filter),
+            )
+            <= 2
+        )
+    )
 
 
-def _mma_measure(job: ImageJob, patch: int, v_first: bool, raw: bool = False) -> Measure:
+def _mma_measure(
+    job: ImageJob, patch: int, v_first: bool, raw: bool = False, most_steps: int = MMA_KS
+) -> Measure:
+    """An MMA image's tile measure: a tile's shared memory and work (None: too large, or a
+    block of more than ``most_steps`` 32-input steps, the module's ``MMA_KS``)."""
     grid_h = job.patches // job.grid_w
 
     def measure(tile: tuple[int, int]) -> tuple[int, float] | None:
@@ -387,8 +427,8 @@ def _mma_measure(job: ImageJob, patch: int, v_first: bool, raw: bool = False) ->
         nx = _narrow(job.in_w, job.out_w, tw, tiles_w, job.filter)
         ny = _narrow(job.in_h, job.out_h, th, tiles_h, job.filter)
         sx, sy = (1 if nx else sx), (1 if ny else sy)  # narrow blocks take one step
-        ks = max(sx, sy)
-        if ks > MMA_KS:
+        ks = max(sx, sy)  # the tile's most steps: its slack (R_TWO_STEPS, R_THREE_STEPS)
+        if ks > most_steps:
             return None
         # the first pass's lines (window rows, or columns when vertical first; a multiple of
         # its N-blocks': 16 narrow, 8 wide), its inputs a line and outputs; the second
@@ -449,6 +489,7 @@ def _mma_axis(
     narrow: bool = False,
     rgb: bool = False,
     filter: Filter = "bicubic",
+    most_steps: int = MMA_KS,
 ) -> tuple[np.ndarray[Any, np.dtype[np.int32]], np.ndarray[Any, np.dtype[np.int32]]]:
     """One axis of an MMA image, cut into ``tiles`` tiles of ``tile`` outputs: what each
     tile's M-blocks of 16 outputs (``narrow``: 8) need, so a tile reads it instead of working it out
@@ -461,10 +502,11 @@ def _mma_axis(
     of a whole tile): the inputs the tile's taps use from its first block's span, then each
     block's span ``(at, steps)``: its first tap aligned down to 4 and its 32-input steps
     (what ``mma_pass`` in ``mma.cuh`` reads). ``fragments``: per block
-    ``(3, MMA_KS, 32, 4)``, lane ``(g, t)``'s A words for byte plane ``q`` and step
-    ``s`` in the PTX order of mma m16n8k32: word ``r`` holds output ``o0 + g + 8 (r & 1)``,
-    inputs ``at + 32 s + 16 (r >> 1) + 4 t + 0..3`` (0 outside the taps, past the tile and
-    past the axis), one 16-byte load a plane and step. Narrow: per block ``(3, 32, 2)``,
+    ``(3, most_steps, 32, 4)`` (``most_steps``: the module's ``MMA_KS``), lane ``(g, t)``'s
+    A words for byte plane ``q`` and step ``s`` in the PTX order of mma m16n8k32: word
+    ``r`` holds output ``o0 + g + 8 (r & 1)``, inputs ``at + 32 s + 16 (r >> 1) + 4 t +
+    0..3`` (0 outside the taps, past the tile and past the axis), one 16-byte load a plane
+    and step. Narrow: per block ``(3, 32, 2)``,
     lane ``(g, t)``'s B words for byte plane ``q``: word ``r`` holds output ``o0 + g``, inputs
     ``at + 16 r + 4 t + 0..3`` (every narrow block takes one step), one 8-byte load a plane.
     ``rgb``: the first pass of an RGB image staged raw (``split_rgb8`` in ``mma.cuh``), whose
@@ -490,7 +532,7 @@ def _mma_axis(
     else:  # (tiles, mb, plane, step, lane, r)
         r = np.arange(4, dtype=i32)
         o = o0[:, :, None, None, None, None] + (lane >> 2)[:, None] + 8 * (r & 1)
-        step = 32 * np.arange(MMA_KS, dtype=i32)[:, None, None]
+        step = 32 * np.arange(most_steps, dtype=i32)[:, None, None]
         first = at[:, :, None, None, None, None] + step + 16 * (r >> 1) + 4 * (lane & 3)[:, None]
     # the output and the word of it each fragment word holds, as an index into the flat words
     tile0 = o0[(slice(None), slice(0, 1)) + (None,) * (o.ndim - 2)]  # each tile's first output
@@ -520,15 +562,18 @@ def _mma_records(
     axes: tuple[tuple[int, int, bool], tuple[int, int, bool]],
     merge: int,
     tile: tuple[int, int] = (0, 0),
+    most_steps: int = MMA_KS,
 ) -> np.ndarray[Any, np.dtype[np.int32]]:
     """An MMA image's tile records (``RECORD_FIELDS``), in tile order, from its descriptor
     ``row`` and where its axes' fragments and spans are in the tables (``axes``: x then y,
     each ``(fragments, spans, narrow)``): where each tile's window starts in the source and
     what of it the taps use, its spans and fragments, its patches and its flags
-    (``_TWO_STEPS``: a used wide M-block takes two 32-input steps; ``_X_NARROW``,
-    ``_Y_NARROW``: the axis takes narrow blocks (``_narrow``); ``_V_FIRST``; ``_WHOLE``:
-    the window's rows start on a word and its groups of four pixels lie inside the image, so
-    staging takes plain word loads; ``_RAW``: ``_mma_raw``)."""
+    (``_TWO_STEPS``: a used wide M-block takes more than one 32-input step;
+    ``_THREE_STEPS``: three; ``_X_NARROW``, ``_Y_NARROW``: the axis takes narrow blocks
+    (``_narrow``); ``_V_FIRST``; ``_WHOLE``: the window's rows start on a word and its
+    groups of four pixels lie inside the image, so staging takes plain word loads; ``_RAW``:
+    ``_mma_raw``). ``most_steps``: the module's ``MMA_KS``, which the fragments were laid
+    out for."""
 
     def f(name: str) -> int:
         return int(row[_F[name]])
@@ -538,15 +583,16 @@ def _mma_records(
     )
     tiles_h = -(-grid_h // tph)
     nx, ny = axes[0][2], axes[1][2]
-    xs, xf = _mma_axis(job.in_w, job.out_w, tpw * patch, tiles_w, nx, filter=job.filter)
-    ys, yf = _mma_axis(job.in_h, job.out_h, tph * patch, tiles_h, ny, filter=job.filter)
+    # the spans, and the fragments' words a tile (as laid out for the module's most steps)
+    xs, xf = _mma_axis(job.in_w, job.out_w, tpw * patch, tiles_w, nx, False, job.filter, most_steps)
+    ys, yf = _mma_axis(job.in_h, job.out_h, tph * patch, tiles_h, ny, False, job.filter, most_steps)
     gy0, gx0, nph, npw = _tiles(row)
     trow, tcol = gy0 // tph, gx0 // tpw
 
-    def two_steps(spans: np.ndarray[Any, Any], index: Any, patches: Any) -> Any:
+    def tile_steps(spans: np.ndarray[Any, Any], index: Any, patches: Any) -> Any:
         steps = spans[index, 2::2]  # each block's, of the tile's column (row)
         used = np.arange(steps.shape[1])[None, :] < ((patches * patch + 15) // 16)[:, None]
-        return ((steps > 1) & used).any(axis=1)
+        return np.where(used, steps, 0).max(axis=1)
 
     wx, wy = xs[tcol, 1].astype(np.int64), ys[trow, 1].astype(np.int64)
     uc, ur = xs[tcol, 0], ys[trow, 0]
@@ -554,11 +600,13 @@ def _mma_records(
     src = f("SRC_OFF") + wy * row_bytes + wx * job.ch
     whole = (((src | row_bytes) & 3) == 0) & (wx + 4 * ((uc + 3) >> 2) <= job.in_w)
     v_first = f("PASS1") == _VERTICAL
+    steps = np.maximum(tile_steps(xs, tcol, npw), tile_steps(ys, trow, nph))
     flags = (
-        (two_steps(xs, tcol, npw) | two_steps(ys, trow, nph)) * _TWO_STEPS
+        (steps > 1) * _TWO_STEPS
+        + (steps > 2) * _THREE_STEPS
         + v_first * _V_FIRST
         + whole * _WHOLE
-        + _mma_raw(job, v_first, f("SRC_OFF")) * _RAW
+        + _mma_raw(job, v_first, f("SRC_OFF"), most_steps) * _RAW
         + nx * _X_NARROW
         + ny * _Y_NARROW
     )
@@ -754,7 +802,8 @@ def layout_of(
     then share one launch (``_mixed``), its plain tiles of ``MIXED_PLAIN_TILE``. ``merge``:
     the launch's patch order (``OutputLayout.merge``), which its tiles' first rows follow;
     ``tile``: its rows' tile (``OutputLayout.tile_h``, ``tile_w``), a row a whole tile of
-    the canvas (a job's ``row`` then counts tiles).
+    the canvas (a job's ``row`` then counts tiles; its module's MMA blocks may take
+    ``TILE_MMA_KS`` steps, ``mma_steps``).
     """
     if tile[1] and (not patch or tile[0] % patch or tile[1] % patch):
         raise ValueError(f"rows of {tile[0]}x{tile[1]} tiles need a patch that divides them")
@@ -762,7 +811,8 @@ def layout_of(
     desc = np.zeros((len(jobs), len(FIELDS)), np.int64)
     chunks: list[np.ndarray[Any, np.dtype[np.int32]]] = []
     table_at: dict[tuple[int, int, Filter], tuple[int, int, int, int]] = {}
-    axis_at: dict[tuple[int, int, int, int, bool, bool, Filter], tuple[int, int, bool]] = {}
+    axis_at: dict[tuple[int, int, int, int, bool, bool, Filter, int], tuple[int, int, bool]] = {}
+    steps = mma_steps(OutputLayout(tile_h=tile[0], tile_w=tile[1]))  # the module's MMA_KS
     used = 0
     tiles_of: list[int] = []
 
@@ -790,7 +840,7 @@ def layout_of(
         image's raw first pass), and whether it takes narrow blocks (``_narrow``): the
         fragments at a multiple of 4 elements, so each lane's are 16-byte loads."""
         narrow = _narrow(in_size, out_size, tile, tiles, filter)
-        key = (in_size, out_size, tile, tiles, narrow, rgb, filter)
+        key = (in_size, out_size, tile, tiles, narrow, rgb, filter, steps)
         if key not in axis_at:
             spans, frags = _mma_axis(*key)
             place(np.zeros(-used % 4, np.int32))
@@ -806,7 +856,8 @@ def layout_of(
             return "general", None
         if tensor_cores and patch % 2 == 0 and p1 != _NONE:
             v_first = p1 == _VERTICAL
-            measure = _mma_measure(job, patch, v_first, _mma_raw(job, v_first, src))
+            raw = _mma_raw(job, v_first, src, steps)
+            measure = _mma_measure(job, patch, v_first, raw, steps)
             fit = _mma_tile_for(job, patch, mma_smem, measure)
             if fit is not None:
                 return "mma", fit
@@ -853,7 +904,7 @@ def layout_of(
         kinds.append(kind)
         tiles_w, tiles_h = -(-job.grid_w // tile_w), -(-grid_h // tile_h)
         if kind == "mma":  # where its axes' fragments and spans are, for its tile records
-            raw_rgb = job.ch == 3 and _mma_raw(job, p1 == _VERTICAL, starts[image])
+            raw_rgb = job.ch == 3 and _mma_raw(job, p1 == _VERTICAL, starts[image], steps)
             axes[image] = (
                 mma_axis(job.in_w, job.out_w, tile_w * patch, tiles_w, job.filter, raw_rgb),
                 mma_axis(job.in_h, job.out_h, tile_h * patch, tiles_h, job.filter),
@@ -943,7 +994,7 @@ def layout_of(
     if recorded:
         records = np.concatenate(
             [
-                _mma_records(jobs[i], i, desc[i], patch, axes[i], merge, in_patches)
+                _mma_records(jobs[i], i, desc[i], patch, axes[i], merge, in_patches, steps)
                 if kinds[i] == "mma"
                 else _plain_records(jobs[i], i, desc[i], patch, merge, in_patches)
                 for i in recorded

@@ -394,10 +394,11 @@ struct Lines {
 // block's A fragments (load_weights: frags, MMA_FRAGMENT_WORDS a block) and span (spans:
 // (at, steps) int32 pairs) and calls body(most_steps, a, j, c, lb, n, at) for block j's n
 // tasks from channel c's N-block lb (both 0 but for the run's first block), most_steps
-// Int<KS> when the block takes more than one 32-input step (the same for the whole warp),
-// else Int<1>. The run's first block's fragments and span are loaded before ready() (every
-// thread calls it: the barrier the pass waits on), so those loads overlap the wait. W: the
-// blocks' weights (WideWeights or NarrowWeights, whose blocks take one step), a its value.
+// Int<KS> when the block takes more than one 32-input step (Int<2> for a two-step block
+// where KS is 3; the same for the whole warp), else Int<1>. The run's first block's
+// fragments and span are loaded before ready() (every thread calls it: the barrier the pass
+// waits on), so those loads overlap the wait. W: the blocks' weights (WideWeights or
+// NarrowWeights, whose blocks take one step), a its value.
 template <int CH, typename W, typename Ready, typename Body>
 __device__ __forceinline__ void warp_tasks(const int* __restrict__ frags,
                                            const int* __restrict__ spans, int blocks, int lbs,
@@ -424,7 +425,9 @@ __device__ __forceinline__ void warp_tasks(const int* __restrict__ frags,
   for (int task = first; task < last; c = lb = 0) {
     const int n = min(last, (j + 1) * per_block) - task;  // the warp's tasks of block j
     task += n;
-    if (W::KS > 1 && steps > 1) {
+    if (W::KS > 2 && steps == 2) {  // a two-step block of a three-step tile
+      body(Int<2>(), a, j, c, lb, n, at);
+    } else if (W::KS > 1 && steps > 1) {
       body(Int<W::KS>(), a, j, c, lb, n, at);
     } else {
       body(Int<1>(), a, j, c, lb, n, at);
@@ -444,7 +447,8 @@ __device__ __forceinline__ void warp_tasks(const int* __restrict__ frags,
 // run of the (M-block, channel, N-block) tasks (warp_tasks); for each M-block of its run
 // out_at(j) gives the lane's place for the block's first task (a task's output is out_plane
 // a channel and out_step an N-block on). The block's tasks then go channel by channel, two
-// at a time (their loads and products interleave), in a loop compiled for the block's
+// at a time (their loads and products interleave; one at a time for blocks of three steps,
+// whose weights take 36 registers), in a loop compiled for the block's
 // number of 32-input steps: within a channel a task's lines and output move by adds,
 // nothing decided per task.
 // done(m, acc) gets each task's place m and its D fragment acc (three planes' products):
@@ -492,9 +496,12 @@ __device__ __forceinline__ void mma_pass(const int* __restrict__ frags,
         for (int i = 0; i < N; ++i) done(o + i * out_step, acc[i]);
       };
       int k = seg;
+      if constexpr (S < 3) {  // (three steps: one task at a time, fewer registers)
 #pragma unroll 1
-      for (; k >= 2; k -= 2, l += 2 * in.step, o += 2 * out_step) tasks(Int<2>());
-      if (k != 0) tasks(Int<1>());
+        for (; k >= 2; k -= 2, l += 2 * in.step, o += 2 * out_step) tasks(Int<2>());
+      }
+#pragma unroll 1
+      for (; k != 0; --k, l += in.step, o += out_step) tasks(Int<1>());
     }
   });
 }

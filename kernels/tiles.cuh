@@ -48,7 +48,8 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
   const i64* row = desc + (i64)rec[R_IMAGE] * NF;
   const i64 d0 = CH == 4 && tid < NF ? row[tid] : 0;
   const int flags = rec[R_FLAGS];
-  const int ks = (flags & R_TWO_STEPS) ? MMA_KS : 1;  // the most steps of any wide block
+  // the most steps of any wide block: 1, 2, or 3 (R_THREE_STEPS, in modules of MMA_KS 3)
+  const int ks = (flags & R_THREE_STEPS) ? 3 : (flags & R_TWO_STEPS) ? 2 : 1;
   // whether each pass takes narrow blocks (8 outputs, one step, 16 lines an N-block)
   const bool narrow1 = flags & (VFIRST ? R_Y_NARROW : R_X_NARROW);
   const bool narrow2 = flags & (VFIRST ? R_X_NARROW : R_Y_NARROW);
@@ -161,16 +162,22 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
     if (tid < NF) d[tid] = d0;
     for (int i = tid + nt; i < NF; i += nt) d[i] = row[i];
   }
-  // the passes, each compiled for narrow blocks and for wide blocks of one and of two
-  // 32-input steps (fewer registers for one); each waits for its input with the barrier it
-  // calls once its warp's first weights are on their way
+  // the passes, each compiled for narrow blocks and for wide blocks of one, two and (where
+  // MMA_KS is 3) three 32-input steps (fewer registers for fewer); each waits for its input
+  // with the barrier it calls once its warp's first weights are on their way
   auto run = [&](auto pass, bool narrow) {
     if (narrow) {
       pass(NarrowWeights());
     } else if (ks == 1) {
       pass(WideWeights<1>());
     } else {
-      pass(WideWeights<MMA_KS>());
+      if constexpr (MMA_KS > 2) {
+        if (ks > 2) {
+          pass(WideWeights<MMA_KS>());
+          return;
+        }
+      }
+      pass(WideWeights<2>());
     }
   };
   auto staged = [&] {
@@ -195,8 +202,12 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
           const Lines in{lines, win_plane, W::LINES * (wp + shift / 8),
                          (int)(rows.row(lg + 1) - lines)};
           if constexpr (CH == 3) {
-            mma_pass_rgb<W>(f1, s1, blocks, lbs, in, mid_plane, o.step(), staged, mid_at,
-                            to_mid);
+            // (never three steps: _mma_raw stages such an RGB image as planes, since
+            // rgb_products' three channels of three steps would spill registers)
+            if constexpr (W::KS <= 2) {
+              mma_pass_rgb<W>(f1, s1, blocks, lbs, in, mid_plane, o.step(), staged, mid_at,
+                              to_mid);
+            }
           } else {
             mma_pass<CH, W>(f1, s1, blocks, lbs, in, mid_plane, o.step(), staged, mid_at,
                             to_mid);

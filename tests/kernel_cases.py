@@ -197,9 +197,17 @@ _CASES |= {
 QWEN_CASES = ("qwen_distinct", "qwen_plain_and_mma", "qwen3", "glm")
 
 _CASES |= {
-    # several tiles and a thumbnail, one tile (no thumbnail), gray, extreme, odd sizes
+    # several tiles and a thumbnail (first an RGB image whose rows start on a word and whose
+    # thumbnail takes blocks of three steps: staged as planes, not raw), one tile (no
+    # thumbnail), gray, extreme, odd sizes
     "internvl": _shots(
-        INTERNVL_SMALL, (130, 170, 3), (97, 211, 1), (40, 300, 3), (20, 21, 3), (301, 45, 3)
+        INTERNVL_SMALL,
+        (132, 172, 3),
+        (130, 170, 3),
+        (97, 211, 1),
+        (40, 300, 3),
+        (20, 21, 3),
+        (301, 45, 3),
     ),
     "internvl_even": _shots(INTERNVL_EVEN, (61, 177, 3), (99, 30, 1), (1, 1, 3)),
     "internvl_odd": _shots(INTERNVL_ODD, (77, 50, 3), (33, 131, 1)),

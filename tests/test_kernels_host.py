@@ -714,6 +714,38 @@ def test_host_tiled_rows_equal_the_cpu_path(
     assert differing(got_pv, want_pv) == 0
 
 
+@pytest.mark.parametrize("name", ["internvl", "gemma"])
+def test_tiled_cases_hold_tiles_of_three_steps(rng: np.random.Generator, name: str) -> None:
+    # the tile build's MMA blocks may take three 32-input steps (mma_steps), which large
+    # downscales to a tile need (InternVL's thumbnails, Gemma 3's images); the cases that
+    # test_host_tiled_rows_equal_the_cpu_path holds equal have such tiles, beside tiles of
+    # one and two steps; other builds keep two
+    from mmwire.kernels._abi import RECORD_FLAGS, mma_steps
+    from mmwire.kernels._descriptors import _R, MMA_SMEM_BYTES
+    from mmwire.kernels._regions import _plan
+    from mmwire.materialize import regions_of
+
+    items = case(name, rng)
+    shapes = tuple((im.shape[0], im.shape[1], im.shape[2]) for im, _ in items)
+    specs = tuple(cfg(im.shape[1], im.shape[0]) for im, cfg in items)
+    regions = tuple(tuple(regions_of(s)) for s in specs)
+    plan = _plan(shapes, specs, regions, None, None, True, MMA_SMEM_BYTES)
+    assert plan.output == TILE_LAYOUT
+    flags = plan.layout.tile_records[:, _R["R_FLAGS"]]
+    mma = flags[(flags & RECORD_FLAGS["R_PLAIN"]) == 0]
+    three = (mma & RECORD_FLAGS["R_THREE_STEPS"]) != 0
+    assert three.any() and (~three).any(), np.unique(flags)
+    assert (three <= ((mma & RECORD_FLAGS["R_TWO_STEPS"]) != 0)).all()  # three implies two
+    # an RGB image with blocks of three steps is staged as planes, not raw (the raw RGB
+    # pass is compiled for two at most)
+    records = plan.layout.tile_records
+    jobs = np.repeat([s[2] for s in shapes], [len(r) for r in regions])  # a job a region
+    channels = jobs[records[:, _R["R_IMAGE"]]]
+    raw = (flags & RECORD_FLAGS["R_RAW"]) != 0
+    assert not (raw & ((flags & RECORD_FLAGS["R_THREE_STEPS"]) != 0) & (channels == 3)).any()
+    assert mma_steps(TILE_LAYOUT) == 3 and mma_steps(OutputLayout()) == 2
+
+
 def test_regions_that_do_not_fit_are_refused_before_any_launch() -> None:
     from mmwire.kernels import Region, preprocess_regions
     from mmwire.materialize import InternVLConfig
