@@ -746,6 +746,25 @@ def test_tiled_cases_hold_tiles_of_three_steps(rng: np.random.Generator, name: s
     assert mma_steps(TILE_LAYOUT) == 3 and mma_steps(OutputLayout()) == 2
 
 
+@pytest.mark.parametrize(
+    ("family", "size"), [("gemma-3", (4000, 3000)), ("internvl3", (1920, 1080))]
+)
+def test_large_photos_take_the_tensor_cores_in_tile_modules(
+    family: str, size: tuple[int, int]
+) -> None:
+    # Gemma 3 brings a 4000 x 3000 photo to 896 x 896 (BILINEAR), InternVL a 1920 x 1080
+    # one to its 448 x 448 thumbnail (BICUBIC): blocks of three steps, which the tile
+    # modules take on the tensor cores rather than in the general kernel
+    from mmwire.kernels._descriptors import MMA_SMEM_BYTES
+    from mmwire.kernels._regions import _plan
+    from mmwire.materialize import regions_of, spec_for
+
+    spec = spec_for(family)(*size)
+    regions = tuple(regions_of(spec))
+    plan = _plan(((size[1], size[0], 3),), (spec,), (regions,), None, None, True, MMA_SMEM_BYTES)
+    assert [kind for _, kind, _, _ in plan.layout.tile_groups] == ["mma"]
+
+
 def test_regions_that_do_not_fit_are_refused_before_any_launch() -> None:
     from mmwire.kernels import Region, preprocess_regions
     from mmwire.materialize import InternVLConfig
