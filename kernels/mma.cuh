@@ -496,12 +496,14 @@ __device__ __forceinline__ void mma_pass(const int* __restrict__ frags,
         for (int i = 0; i < N; ++i) done(o + i * out_step, acc[i]);
       };
       int k = seg;
-      if constexpr (S < 3) {  // (three steps: one task at a time, fewer registers)
+      if constexpr (S < 3) {
 #pragma unroll 1
         for (; k >= 2; k -= 2, l += 2 * in.step, o += 2 * out_step) tasks(Int<2>());
-      }
+        if (k != 0) tasks(Int<1>());
+      } else {  // three steps: one task at a time, fewer registers
 #pragma unroll 1
-      for (; k != 0; --k, l += in.step, o += out_step) tasks(Int<1>());
+        for (; k != 0; --k, l += in.step, o += out_step) tasks(Int<1>());
+      }
     }
   });
 }
