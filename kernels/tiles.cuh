@@ -49,7 +49,7 @@ __device__ __forceinline__ void mma_tile(const u8* __restrict__ src, const i64* 
   const i64 d0 = CH == 4 && tid < NF ? row[tid] : 0;
   const int flags = rec[R_FLAGS];
   // the most steps of any wide block: 1, 2, or 3 (R_THREE_STEPS, in modules of MMA_KS 3)
-  const int ks = (flags & R_THREE_STEPS) ? 3 : (flags & R_TWO_STEPS) ? 2 : 1;
+  const int ks = (MMA_KS > 2 && (flags & R_THREE_STEPS)) ? 3 : (flags & R_TWO_STEPS) ? 2 : 1;
   // whether each pass takes narrow blocks (8 outputs, one step, 16 lines an N-block)
   const bool narrow1 = flags & (VFIRST ? R_Y_NARROW : R_X_NARROW);
   const bool narrow2 = flags & (VFIRST ? R_X_NARROW : R_Y_NARROW);
