@@ -63,6 +63,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("h2d", help="H2D from the arena, registered vs pageable (needs CUDA)")
     ker = sub.add_parser("kernels", help="CUDA pixel pipeline vs the torch way and Pillow")
     ker.add_argument("--reps", type=int, default=20)
+    ker.add_argument(
+        "--cases",
+        default=None,
+        help="comma-separated parts of case names, e.g. 'InternVL3,Gemma 3' (default: all)",
+    )
     gt = sub.add_parser("gpu-transport", help="CUDA tensors between processes (needs CUDA)")
     gt.add_argument("--sizes", default="1M,16M,64M,256M")
     gt.add_argument("--reps", type=int, default=50)
@@ -159,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif command == "kernels":
         from ._kernels import run_kernels
 
-        run_kernels(reps=args.reps, out_dir=args.out, console=console)
+        run_kernels(reps=args.reps, out_dir=args.out, console=console, cases=args.cases)
     elif command == "pipeline" and args.capacity is not None:
         from ._capacity import run_capacity
 

@@ -430,33 +430,61 @@ def render_table(payload: dict[str, Any]) -> Table:
     return table
 
 
+def kernel_cases() -> dict[str, tuple[list[tuple[int, int]], ModelSpec]]:
+    """The benchmark's cases: name -> (photo sizes, the family's spec). The seed batch
+    4x1536x1024 (K2.5: unresized, and a resizing limit) and 8 mixed sizes, under Kimi-K2.5,
+    Qwen2.5-VL, Qwen3-VL, GLM-4.1V, InternVL3 and Gemma 3 (the families' default limits;
+    Gemma 3 also with pan-and-scan at Gemma3Processor's defaults)."""
+    seed = [(1536, 1024)] * 4
+    return {
+        "4x1536x1024": (seed, KimiConfig()),
+        "4x1536x1024 resized": (seed, KimiConfig(in_patch_limit=6144)),
+        "8 mixed sizes": (_MIXED, KimiConfig()),
+        "Qwen2.5-VL 8 mixed": (_MIXED, spec_for("qwen2.5-vl")),
+        "Qwen3-VL 8 mixed": (_MIXED, spec_for("qwen3-vl")),
+        "GLM-4.1V 8 mixed": (_MIXED, spec_for("glm-4.1v")),
+        "InternVL3 8 mixed": (_MIXED, spec_for("internvl3")),
+        "Gemma 3 8 mixed": (_MIXED, spec_for("gemma-3")),
+        "Gemma 3 pan-and-scan": (_MIXED, Gemma3Config(pan_and_scan=PanAndScan(256, 4, 1.2))),
+    }
+
+
+def select_cases(wanted: str | None) -> list[str]:
+    """The names of the cases that contain one of the comma-separated parts of ``wanted``
+    (any case), in the benchmark's order; every case for None. ``SystemExit`` naming the
+    cases where a part matches none."""
+    names = list(kernel_cases())
+    if wanted is None:
+        return names
+    parts = [p.strip().lower() for p in wanted.split(",") if p.strip()]
+    unmatched = [p for p in parts if not any(p in n.lower() for n in names)]
+    if unmatched or not parts:
+        raise SystemExit(
+            f"no kernels case matches {', '.join(map(repr, unmatched)) or repr(wanted)}; "
+            f"the cases: {', '.join(names)}"
+        )
+    return [n for n in names if any(p in n.lower() for p in parts)]
+
+
 def run_kernels(
-    reps: int = 20, out_dir: Path | None = None, console: Console | None = None
+    reps: int = 20,
+    out_dir: Path | None = None,
+    console: Console | None = None,
+    cases: str | None = None,
 ) -> Path:
-    """The seed batch 4x1536x1024 (K2.5: unresized, and a resizing limit) and 8 mixed sizes,
-    under Kimi-K2.5, Qwen2.5-VL, Qwen3-VL, GLM-4.1V, InternVL3 and Gemma 3 (the families'
-    default limits; Gemma 3 also with pan-and-scan at Gemma3Processor's defaults)."""
+    """The cases of ``kernel_cases`` (those ``select_cases(cases)`` names), in fp32 and
+    bf16."""
     console = console or Console()
+    chosen = select_cases(cases)
     if not torch.cuda.is_available():
         raise SystemExit("mmwire-bench kernels needs a CUDA device")
     d2d = _d2d_bytes_per_s()
     hbm, hbm_source = hbm_bytes_per_s(torch.cuda.get_device_name(), d2d)
-    cases = {
-        "4x1536x1024": (_photos([(1536, 1024)] * 4), KimiConfig()),
-        "4x1536x1024 resized": (_photos([(1536, 1024)] * 4), KimiConfig(in_patch_limit=6144)),
-        "8 mixed sizes": (_photos(_MIXED), KimiConfig()),
-        "Qwen2.5-VL 8 mixed": (_photos(_MIXED), spec_for("qwen2.5-vl")),
-        "Qwen3-VL 8 mixed": (_photos(_MIXED), spec_for("qwen3-vl")),
-        "GLM-4.1V 8 mixed": (_photos(_MIXED), spec_for("glm-4.1v")),
-        "InternVL3 8 mixed": (_photos(_MIXED), spec_for("internvl3")),
-        "Gemma 3 8 mixed": (_photos(_MIXED), spec_for("gemma-3")),
-        "Gemma 3 pan-and-scan": (
-            _photos(_MIXED),
-            Gemma3Config(pan_and_scan=PanAndScan(256, 4, 1.2)),
-        ),
-    }
+    table_of = kernel_cases()
     rows: list[dict[str, Any]] = []
-    for name, (images, cfg) in cases.items():
+    for name in chosen:
+        sizes, cfg = table_of[name]
+        images = _photos(sizes)
         for dtype in (torch.float32, torch.bfloat16):
             rows.append(_measure(name, images, cfg, dtype, reps, d2d, hbm))
     payload: dict[str, Any] = {

@@ -189,6 +189,25 @@ def test_gpu_commands_refuse_cleanly_without_cuda(tmp_path: Path) -> None:
             main(["--out", str(tmp_path / "r"), command])
 
 
+def test_kernels_cases_are_chosen_by_parts_of_their_names(tmp_path: Path) -> None:
+    # a GPU call can run one family's rows; a part that names no case is refused before
+    # anything runs (CUDA or not), with the cases listed
+    from mmwire.bench._kernels import kernel_cases, select_cases
+
+    names = list(kernel_cases())
+    assert select_cases(None) == names
+    assert select_cases("internvl3, gemma 3") == [
+        "InternVL3 8 mixed",
+        "Gemma 3 8 mixed",
+        "Gemma 3 pan-and-scan",
+    ]
+    assert select_cases("QWEN") == ["Qwen2.5-VL 8 mixed", "Qwen3-VL 8 mixed"]
+    for wanted in ("gemma,nope", ","):
+        with pytest.raises(SystemExit, match=r"no kernels case matches .*InternVL3 8 mixed"):
+            main(["--out", str(tmp_path / "r"), "kernels", "--cases", wanted])
+    assert not (tmp_path / "r").exists()
+
+
 def test_kernel_time_counts_overlapping_launches_once() -> None:
     from mmwire.bench._kernels import _covered
 
