@@ -19,6 +19,7 @@ HBM bandwidth, and at the device-to-device copy rate measured in the same run).
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from mmwire.kernels import preprocess_packed, preprocess_regions
+from mmwire.kernels import KINDS, preprocess_packed, preprocess_regions
 from mmwire.kernels.reference import resample_filter, rows_are_tiles
 from mmwire.materialize import (
     Gemma3Config,
@@ -107,11 +108,23 @@ def _device_times(fn: Any, reps: int) -> list[float]:
     return out
 
 
-def _kernel_time(fn: Any, reps: int) -> float:
+def kernel_label(name: str) -> str:
+    """A short label for one of mmwire's kernels as the profiler names it: the fused
+    kernel's kind and channels (``fused mma, 3 ch``), or the resize pass."""
+    m = re.search(r"fused<[^,<>]+, (\d+), (\d+)>", name)
+    if m is not None:
+        kinds = {v: k for k, v in KINDS.items()}
+        return f"fused {kinds.get(int(m.group(2)), m.group(2))}, {m.group(1)} ch"
+    m = re.search(r"resize_pass\d", name)
+    return m.group(0) if m is not None else name[:40]
+
+
+def _kernel_time(fn: Any, reps: int) -> tuple[float, dict[str, float]]:
     """Mean device seconds per call while mmwire's own kernels (fused, resize passes) run,
     timed by CUPTI through ``torch.profiler``: the kernel time the HBM floor is about,
     without the grid copy and the gaps between launches that the call's device time also
-    holds. Launches that overlap would count once: it is the union of their intervals."""
+    holds. Launches that overlap would count once: it is the union of their intervals.
+    Also each kernel's own mean seconds per call (``kernel_label``), which may overlap."""
     from torch.profiler import ProfilerActivity, profile
 
     fn()
@@ -127,7 +140,12 @@ def _kernel_time(fn: Any, reps: int) -> float:
     ]
     if not ours:
         raise RuntimeError("the profiler saw none of mmwire's kernels")
-    return _covered([(e.time_range.start, e.time_range.end) for e in ours]) / 1e6 / reps
+    each: dict[str, float] = {}
+    for e in ours:
+        label = kernel_label(e.name)
+        each[label] = each.get(label, 0.0) + (e.time_range.end - e.time_range.start) / 1e6 / reps
+    union = _covered([(e.time_range.start, e.time_range.end) for e in ours]) / 1e6 / reps
+    return union, each
 
 
 def _covered(intervals: list[tuple[float, float]]) -> float:
@@ -340,7 +358,7 @@ def _measure(
     cpu, _ = preprocess_images(images, cfg, dtype=dtype)
     theirs = torch_way(dev_images, specs, dtype)
     t_ours = _device_times(ours, reps)
-    t_kernel = _kernel_time(ours, reps)
+    t_kernel, t_each = _kernel_time(ours, reps)
     t_torch = _device_times(lambda: torch_way(dev_images, specs, dtype), reps)
     call_ours = _wall_times(ours, reps)
     call_torch = _wall_times(lambda: torch_way(dev_images, specs, dtype), reps)
@@ -374,6 +392,7 @@ def _measure(
         ],
         "ours_device_s": t_ours,
         "ours_kernel_mean_s": t_kernel,
+        "ours_kernels_each_mean_s": t_each,
         "torch_way_device_s": t_torch,
         "ours_call_s": call_ours,
         "torch_way_call_s": call_torch,
@@ -519,7 +538,9 @@ def run_kernels(
                 "kernels: mean device time of mmwire's kernels alone per call (CUPTI); x floor: "
                 "against the uint8 input read once and the output written once at "
                 f"{hbm / 1e12:.2f} TB/s ({hbm_source}; a device-to-device copy ran at "
-                f"{d2d / 1e12:.2f} TB/s here)",
+                f"{d2d / 1e12:.2f} TB/s here); each kernel's own mean time (the fused kernel "
+                "by kind and channels, the resize passes) is results.json's "
+                "ours_kernels_each_mean_s",
                 "device: CUDA events around a call (with the grid_thw copy and the gaps between "
                 "launches); x: the torch way's (or transformers') device time over it",
                 "torch: the torch way; HF: transformers' own processor (Qwen2VL, Glm4v, "

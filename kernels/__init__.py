@@ -18,6 +18,7 @@ What the kernels share with the host is set once, in Python, and passed to the c
 from ._abi import FIELDS as FIELDS
 from ._abi import KERNEL_PROCESSORS as KERNEL_PROCESSORS
 from ._abi import KIMI_LAYOUT as KIMI_LAYOUT
+from ._abi import KINDS as KINDS
 from ._abi import RECORD_FIELDS as RECORD_FIELDS
 from ._abi import OutputLayout as OutputLayout
 from ._abi import compile_options as compile_options
@@ -46,6 +47,7 @@ __all__ = [
     "FIELDS",
     "KERNEL_PROCESSORS",
     "KIMI_LAYOUT",
+    "KINDS",
     "RECORD_FIELDS",
     "SOURCE",
     "CupyLauncher",

@@ -217,6 +217,17 @@ def test_kernel_time_counts_overlapping_launches_once() -> None:
     assert _covered([(5, 12), (0, 10)]) == 12
 
 
+def test_kernel_labels_name_the_fused_kinds_and_the_resize_passes() -> None:
+    # the profiler's names of mmwire's kernels, as the kernels record's breakdown labels them
+    from mmwire.bench._kernels import kernel_label
+
+    fused = "void fused<unsigned short, 3, 2>(unsigned char const*, long long const*, int)"
+    assert kernel_label(fused) == "fused mma, 3 ch"
+    assert kernel_label("void fused<float, 4, 0>(unsigned char const*)") == "fused general, 4 ch"
+    assert kernel_label("void fused<unsigned int, 1, 3>()") == "fused mixed, 1 ch"
+    assert kernel_label("void resize_pass1<unsigned char>(int)") == "resize_pass1"
+
+
 def test_the_hbm_floor_is_the_devices_own_bandwidth() -> None:
     from mmwire.bench._kernels import hbm_bytes_per_s
 
