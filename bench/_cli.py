@@ -119,6 +119,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="draw photos only from the sizes up to this many megapixels (0.3 to 3.2)",
     )
     args = parser.parse_args(argv)
+    if args.record and getattr(args, "cases", None) is not None:
+        parser.error("--record keeps a whole kernels run: leave --cases out")
     if args.record:
         if not RECORD_DIR.is_dir():
             parser.error(f"--record updates ./{RECORD_DIR}: run it from a mmwire checkout's root")

@@ -189,7 +189,9 @@ def test_gpu_commands_refuse_cleanly_without_cuda(tmp_path: Path) -> None:
             main(["--out", str(tmp_path / "r"), command])
 
 
-def test_kernels_cases_are_chosen_by_parts_of_their_names(tmp_path: Path) -> None:
+def test_kernels_cases_are_chosen_by_parts_of_their_names(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # a GPU call can run one family's rows; a part that names no case is refused before
     # anything runs (CUDA or not), with the cases listed
     from mmwire.bench._kernels import kernel_cases, select_cases
@@ -206,6 +208,9 @@ def test_kernels_cases_are_chosen_by_parts_of_their_names(tmp_path: Path) -> Non
         with pytest.raises(SystemExit, match=r"no kernels case matches .*InternVL3 8 mixed"):
             main(["--out", str(tmp_path / "r"), "kernels", "--cases", wanted])
     assert not (tmp_path / "r").exists()
+    with pytest.raises(SystemExit):  # the record keeps every case's rows
+        main(["--record", "kernels", "--cases", "gemma"])
+    assert "leave --cases out" in capsys.readouterr().err
 
 
 def test_kernel_time_counts_overlapping_launches_once() -> None:
