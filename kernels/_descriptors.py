@@ -381,9 +381,7 @@ def _block_steps_bound(in_size: int, out_size: int, filter: Filter) -> int:
     """The most 32-input steps of any 16 consecutive outputs of an axis: at least those of
     every M-block of any tiling (a tile's blocks are 16 consecutive outputs, or fewer)."""
     c = coefficients(in_size, out_size, filter)
-    first = np.arange(out_size)
-    last = np.minimum(first + 15, out_size - 1)
-    return int(((c.xmin[last] + c.n[last] - (c.xmin[first] & ~3) + 31) >> 5).max())
+    return _mma_reach(c, out_size, np.arange(out_size), 16)[1]  # a "tile" from every output
 
 
 def _mma_raw(job: ImageJob, v_first: bool, src_offset: int, most_steps: int = MMA_KS) -> bool:
